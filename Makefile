@@ -1,0 +1,48 @@
+# slurm-gpu-eff: the front door. `make demo` and `make test` work on a fresh Debian 12
+# machine as root: each installs what it needs (apt packages, the .venv) first.
+PY_BASE ?= /usr/bin/python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+CLUSTER := bash scripts/cluster.sh
+
+.PHONY: demo test cluster cluster-down cluster-env deps venv lint unit integration bench docs
+
+demo: cluster
+	@$(PY) scripts/demo.py
+
+test: venv lint
+	$(CLUSTER) up
+	GPUEFF_REQUIRE_CLUSTER=1 $(PY) -m pytest -q -p no:cacheprovider tests
+
+cluster: venv
+	$(CLUSTER) up
+
+cluster-down:
+	$(CLUSTER) down
+
+cluster-env:
+	@$(CLUSTER) env
+
+deps:
+	@bash scripts/install-deps.sh
+
+venv: deps $(VENV)/.installed
+
+# Debian's own Python, not a pyenv shim: the jobs of unprivileged users run it too.
+$(VENV)/.installed: pyproject.toml
+	$(PY_BASE) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check slurm_gpu_eff tests bench scripts
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+integration: cluster
+	GPUEFF_REQUIRE_CLUSTER=1 $(PY) -m pytest -q -p no:cacheprovider tests/integration
+
+bench: venv
+	$(PY) bench/run.py

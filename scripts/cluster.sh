@@ -1,0 +1,571 @@
+#!/usr/bin/env bash
+# A real Slurm 22.05 development cluster on this one machine, with simulated GPUs.
+#
+#   cluster.sh up       start (or complete) the cluster; idempotent
+#   cluster.sh down     stop every daemon of the cluster and remove its directory
+#   cluster.sh env      print `export` lines: eval "$(scripts/cluster.sh env)"
+#   cluster.sh status   which daemons run, and sinfo
+#
+# Everything (configs, Slurm state, logs, pid files, MariaDB, the munge socket,
+# device nodes, the gpueff store and spool) lives under one directory, so that
+# `down` leaves nothing behind and the system's own services are never touched.
+# Environment: GPUEFF_CLUSTER_DIR (default /var/tmp/gpueff-cluster),
+# GPUEFF_NODES (default 1), GPUEFF_PORT_BASE (default 16800).
+# Why each setting is what it is: /work/shared/notes/slurm-test-cluster.md.
+set -euo pipefail
+
+ORIG_PATH=$PATH
+# The daemons live in sbin, which a non-login root shell may not have on PATH.
+export PATH=/usr/sbin:/sbin:$PATH
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+VENV_BIN=$REPO/.venv/bin
+DIR=$(realpath -m "${GPUEFF_CLUSTER_DIR:-/var/tmp/gpueff-cluster}")
+NODES=${GPUEFF_NODES:-1}
+PORT_BASE=${GPUEFF_PORT_BASE:-16800}
+CLUSTER=gpueffdev
+
+ETC=$DIR/etc
+RUN=$DIR/run
+LOG=$DIR/log
+DB_DIR=$DIR/mysql/data
+MARKER=$DIR/.gpueff-cluster        # `down` removes only a directory `up` made
+MUNGE_SOCKET=$RUN/munge/munge.socket
+MYSQL_SOCKET=$DIR/mysql/mysqld.sock  # mariadbd runs as mysql: its files in its dir
+MYSQL_PORT=$((PORT_BASE + 6))
+CTLD_PORT=$((PORT_BASE + 17))
+DBD_PORT=$((PORT_BASE + 19))
+DB_PASS=gpueffdev                   # loopback-only, throwaway database
+HOST=$(uname -n)
+HOST=${HOST%%.*}                    # what `hostname -s` prints, without needing it
+export SLURM_CONF=$ETC/slurm.conf   # slurmdbd finds slurmdbd.conf beside it
+
+# user:account pairs that get a Slurm association (root's comes with the cluster)
+ASSOCIATIONS=(alice:physics bob:chem)
+DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+
+say() { printf 'cluster: %s\n' "$*"; }
+die() { printf 'cluster: error: %s\n' "$*" >&2; exit 1; }
+
+# Die after the end of LOG, which is where a daemon says why it failed.
+die_with_log() {
+  local log=$1
+  shift
+  if [ -s "$log" ]; then
+    printf -- '--- last lines of %s ---\n' "$log" >&2
+    tail -n 25 "$log" >&2
+  fi
+  die "$*"
+}
+
+# Poll CMD every 0.2 s for at most SECS seconds: a daemon that never comes up
+# fails fast instead of the script sleeping blindly.
+wait_until() {
+  local secs=$1 deadline
+  shift
+  deadline=$((SECONDS + secs))
+  until "$@" >/dev/null; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+node_names() { seq -f 'gpu%g' 1 "$NODES"; }
+
+# Pids of processes named NAME that belong to this cluster: their command line
+# or environment names the cluster directory (slurmdbd takes no config option,
+# only SLURM_CONF from its environment). Stale pid files, or a daemon whose pid
+# file was never written, cannot fool this. With ARG, the command line must
+# also hold ARG as one argument (slurmd's node name).
+cluster_pids() {
+  local name=$1 arg=${2:-} pid
+  for pid in $(pgrep -x "$name" || true); do
+    grep -qszF -- "$DIR/" "/proc/$pid/cmdline" "/proc/$pid/environ" || continue
+    [ -z "$arg" ] || grep -qszxF -- "$arg" "/proc/$pid/cmdline" || continue
+    echo "$pid"
+  done
+}
+
+require_root() { [ "$(id -u)" -eq 0 ] || die "must run as root (it starts daemons and creates users)"; }
+
+# ---------------------------------------------------------------- preparation
+
+check_settings() {
+  [[ $NODES =~ ^[1-9][0-9]?$ ]] || die "GPUEFF_NODES must be 1..99, not '$NODES'"
+  [[ $PORT_BASE =~ ^[1-9][0-9]{3,4}$ ]] && ((PORT_BASE + 20 + NODES < 65536)) ||
+    die "GPUEFF_PORT_BASE must leave room for ports up to +$((20 + NODES)), not '$PORT_BASE'"
+  [ -x "$VENV_BIN/python" ] ||
+    die "$VENV_BIN/python is missing: build the venv first (the Makefile does)"
+}
+
+# Refuse to adopt (and later delete) a directory that `up` did not make.
+prepare_dir() {
+  if [ -d "$DIR" ] && [ ! -e "$MARKER" ] && [ -n "$(ls -A "$DIR")" ]; then
+    die "$DIR exists, is not empty and was not made by cluster.sh; pick another GPUEFF_CLUSTER_DIR"
+  fi
+  install -d -m 0755 "$DIR" "$ETC" "$RUN" "$LOG" "$DIR/slurm" \
+    "$DIR/slurm/ctld" "$DIR/nodes" "$DIR/sim" "$DIR/store" "$DIR/spool"
+  install -d -m 1777 "$DIR/sim/state" # jobs of unprivileged users write here
+  touch "$MARKER"
+}
+
+ensure_users() {
+  local pair user
+  for pair in "${ASSOCIATIONS[@]}"; do
+    user=${pair%%:*}
+    id "$user" >/dev/null 2>&1 || useradd -m "$user"
+  done
+}
+
+# First directory on the way to PATH that USER cannot traverse.
+first_closed_dir() {
+  local user=$1 path=$2 dir="" part
+  local -a parts
+  IFS=/ read -ra parts <<<"${path#/}"
+  for part in "${parts[@]}"; do
+    dir+=/$part
+    runuser -u "$user" -- test -x "$dir" || break
+  done
+  echo "$dir"
+}
+
+# Jobs of alice and bob run gpueff-sim and gpueff from the venv and read the
+# cluster's configs; a checkout under /root, say, would fail only inside jobs.
+check_user_access() {
+  local target
+  for target in "$VENV_BIN/python" "$ETC"; do
+    runuser -u alice -- test -x "$target" ||
+      die "user alice cannot reach $target: make $(first_closed_dir alice "$target") traversable by others (chmod o+x)"
+  done
+}
+
+# ---------------------------------------------------------------- configuration
+
+SLURM_RUNNING=""
+
+# Write stdin to PATH with MODE unless PATH already holds exactly that, so a
+# second `up` changes nothing. A Slurm config that would change under running
+# daemons (another GPUEFF_NODES, say) is refused: they would not agree with it.
+put_file() {
+  local path=$1 mode=$2 read_at_start=${3:-} tmp
+  tmp=$(mktemp "$path.XXXXXX")
+  cat >"$tmp"
+  chmod "$mode" "$tmp"
+  if cmp -s "$tmp" "$path"; then
+    rm -f "$tmp"
+  elif [ -n "$read_at_start" ] && [ -n "$SLURM_RUNNING" ]; then
+    rm -f "$tmp"
+    die "the running cluster was started with another $(basename "$path") (GPUEFF_NODES?); run '$0 down' first"
+  else
+    mv -f "$tmp" "$path"
+  fi
+  chmod "$mode" "$path"
+}
+
+write_slurm_conf() {
+  local node k=0
+  {
+    cat <<EOF
+# Generated by scripts/cluster.sh: edits are lost at the next \`up\`.
+ClusterName=$CLUSTER
+SlurmctldHost=$HOST
+SlurmctldPort=$CTLD_PORT
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCKET
+StateSaveLocation=$DIR/slurm/ctld
+SlurmdSpoolDir=$DIR/slurm/d/%n
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmctldLogFile=$LOG/slurmctld.log
+SlurmdLogFile=$LOG/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+MpiDefault=none
+SwitchType=switch/none
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+# Without a default, memory as a consumable gives each job the whole node and
+# jobs never share a node.
+DefMemPerCPU=1000
+GresTypes=gpu
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=5
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$HOST
+AccountingStoragePort=$DBD_PORT
+# The munge socket for talking to slurmdbd: AuthInfo does not cover it.
+AccountingStoragePass=$MUNGE_SOCKET
+AccountingStorageTRES=gres/gpu
+# As on a real site: a user without an association cannot submit.
+AccountingStorageEnforce=associations
+JobCompType=jobcomp/none
+MailProg=/bin/true
+PrologFlags=Alloc
+Prolog=$ETC/prolog
+Epilog=$ETC/epilog
+PrologEpilogTimeout=30
+KillWait=5
+MinJobAge=10
+InactiveLimit=0
+# A node that was down (e.g. its slurmd was killed) returns when it registers.
+ReturnToService=2
+# Nodes claim 4 CPUs on 2-core machines; trust the config, not the hardware.
+SlurmdParameters=config_overrides
+EOF
+    for node in $(node_names); do
+      k=$((k + 1))
+      echo "NodeName=$node NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT_BASE + 20 + k)) CPUs=4 RealMemory=4000 Gres=gpu:4 State=UNKNOWN"
+    done
+    echo "PartitionName=gpu Nodes=$(node_names | paste -sd,) Default=YES MaxTime=INFINITE State=UP"
+  } | put_file "$ETC/slurm.conf" 0644 read_at_start
+}
+
+write_slurm_side_confs() {
+  put_file "$ETC/cgroup.conf" 0644 read_at_start <<EOF
+CgroupPlugin=cgroup/v1
+ConstrainDevices=yes
+ConstrainCores=no
+ConstrainRAMSpace=no
+EOF
+  node_names | while read -r node; do
+    echo "NodeName=$node Name=gpu File=$DIR/nodes/$node/nvidia[0-3]"
+  done | put_file "$ETC/gres.conf" 0644 read_at_start
+  # slurmdbd refuses a config readable by others: it holds the DB password.
+  put_file "$ETC/slurmdbd.conf" 0600 read_at_start <<EOF
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCKET
+DbdHost=$HOST
+DbdPort=$DBD_PORT
+SlurmUser=root
+LogFile=$LOG/slurmdbd.log
+PidFile=$RUN/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$MYSQL_PORT
+StorageUser=slurm
+StoragePass=$DB_PASS
+StorageLoc=slurm_acct_db
+EOF
+}
+
+# Prolog/epilog wrappers: they point the repo's hooks at this cluster's config.
+# Until the other half of the project exists they do nothing, successfully:
+# a failing prolog would drain the node.
+write_hook_wrappers() {
+  local hook
+  for hook in prolog epilog; do
+    put_file "$ETC/$hook" 0755 <<EOF
+#!/bin/sh
+# Generated by scripts/cluster.sh
+export GPUEFF_CONFIG=$ETC/gpueff.conf
+export SLURM_CONF=$SLURM_CONF
+[ -x $REPO/$hook/gpueff-$hook ] || exit 0
+exec $REPO/$hook/gpueff-$hook "\$@"
+EOF
+  done
+}
+
+write_gpueff_conf() {
+  put_file "$ETC/gpueff.conf" 0644 <<EOF
+[gpu]
+backend = sim
+[sim]
+devices = $DIR/sim/devices.json
+state_dir = $DIR/sim/state
+[sampler]
+interval_s = 1
+checkpoint_s = 2
+live_s = 5
+[spool]
+dir = $DIR/spool/%n
+[store]
+path = $DIR/store/gpueff.db
+[log]
+file = $LOG/gpueff-%n.log
+EOF
+}
+
+# Deterministic UUID in NVML's form, distinct per node and minor.
+gpu_uuid() {
+  local h
+  h=$(printf 'gpueffdev-%s-%s' "$1" "$2" | md5sum)
+  echo "GPU-${h:0:8}-${h:8:4}-${h:12:4}-${h:16:4}-${h:20:12}"
+}
+
+write_devices_json() {
+  local node minor sep_node="" sep_gpu
+  {
+    printf '{'
+    for node in $(node_names); do
+      printf '%s\n  "%s": [' "$sep_node" "$node"
+      sep_node=, sep_gpu=""
+      for minor in 0 1 2 3; do
+        printf '%s\n    {"minor": %d, "uuid": "%s", "name": "NVIDIA H100 80GB HBM3 (simulated)", "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 70}' \
+          "$sep_gpu" "$minor" "$(gpu_uuid "$node" "$minor")"
+        sep_gpu=,
+      done
+      printf '\n  ]'
+    done
+    printf '\n}\n'
+  } | put_file "$DIR/sim/devices.json" 0644
+}
+
+# slurmd accepts only real character devices in gres.conf; major 195 is NVIDIA's.
+make_device_nodes() {
+  local node minor dev
+  for node in $(node_names); do
+    install -d -m 0755 "$DIR/nodes/$node" "$DIR/slurm/d/$node"
+    for minor in 0 1 2 3; do
+      dev=$DIR/nodes/$node/nvidia$minor
+      [ -c "$dev" ] && continue
+      rm -f "$dev"
+      mknod -m 0666 "$dev" c 195 "$minor"
+    done
+  done
+}
+
+write_configs() {
+  if [ -n "$(cluster_pids slurmctld)$(cluster_pids slurmd)$(cluster_pids slurmdbd)" ]; then
+    SLURM_RUNNING=yes
+  fi
+  write_slurm_conf
+  write_slurm_side_confs
+  write_hook_wrappers
+  write_gpueff_conf
+  write_devices_json
+  make_device_nodes
+}
+
+# ---------------------------------------------------------------- daemons
+
+# ensure LABEL LOG TIMEOUT CHECK START PROCESS [ARG]: run START unless this
+# cluster's PROCESS (with ARG) already runs, then wait until CHECK [ARG] passes.
+ensure() {
+  local label=$1 log=$2 timeout=$3 check=$4 start=$5 proc=$6 arg=${7:-} pids how
+  pids=$(cluster_pids "$proc" "$arg" | paste -sd,)
+  if [ -n "$pids" ]; then
+    how="already running (pid $pids)"
+  else
+    "$start" $arg >>"$log" 2>&1 || die_with_log "$log" "$label failed to start"
+    how=started
+  fi
+  wait_ready "$label" "$log" "$timeout" "$check" "$proc" "$arg"
+  say "$label: $how"
+}
+
+# Poll CHECK until it passes; give up at once when the daemon has exited
+# (after a grace second for it to fork), else after TIMEOUT seconds.
+wait_ready() {
+  local label=$1 log=$2 timeout=$3 check=$4 proc=$5 arg=$6
+  local deadline=$((SECONDS + timeout)) grace=$((SECONDS + 2))
+  until "$check" $arg >/dev/null; do
+    if ((SECONDS >= grace)) && [ -z "$(cluster_pids "$proc" "$arg")" ]; then
+      die_with_log "$log" "$label exited while starting"
+    fi
+    ((SECONDS < deadline)) || die_with_log "$log" "$label did not come up within ${timeout}s"
+    sleep 0.2
+  done
+}
+
+# munged runs as the munge user with its own key, socket and seed under $DIR,
+# so it neither needs nor disturbs the system's munged.
+start_munged() {
+  install -d -o munge -g munge -m 0755 "$RUN/munge" || return 1
+  if [ ! -s "$ETC/munge.key" ]; then
+    dd if=/dev/urandom of="$ETC/munge.key" bs=1024 count=1 status=none || return 1
+  fi
+  chown munge:munge "$ETC/munge.key" "$LOG/munged.log" && chmod 0400 "$ETC/munge.key" || return 1
+  runuser -u munge -- munged --socket="$MUNGE_SOCKET" --key-file="$ETC/munge.key" \
+    --log-file="$LOG/munged.log" --pid-file="$RUN/munge/munged.pid" \
+    --seed-file="$RUN/munge/munged.seed"
+}
+munge_ok() { munge -S "$MUNGE_SOCKET" -n 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1; }
+
+mysqld_bin() { command -v mariadbd || command -v mysqld; }
+
+# A datadir whose initialisation did not finish (a crash) is made again.
+init_datadir() {
+  install -d -o mysql -g mysql -m 0755 "$DIR/mysql" &&
+    chown mysql:mysql "$LOG/mysqld.log" || return 1
+  [ -e "$DIR/mysql/initialized" ] && return 0
+  rm -rf "$DB_DIR"
+  install -d -o mysql -g mysql -m 0750 "$DB_DIR" || return 1
+  mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DIR" \
+    --auth-root-authentication-method=socket --skip-test-db || return 1
+  touch "$DIR/mysql/initialized"
+}
+
+# --no-defaults: nothing from /etc/mysql, so the system's MariaDB settings
+# (socket, pid file, port) cannot collide with ours.
+start_mysqld() {
+  init_datadir || return 1
+  rm -f "$DIR/mysql/mysqld.pid"
+  setsid -f "$(mysqld_bin)" --no-defaults --user=mysql --datadir="$DB_DIR" \
+    --socket="$MYSQL_SOCKET" --pid-file="$DIR/mysql/mysqld.pid" --port="$MYSQL_PORT" \
+    --bind-address=127.0.0.1 --skip-name-resolve --innodb-lock-wait-timeout=900 --log-error="$LOG/mysqld.log" \
+    </dev/null
+}
+mysql_root() { mariadb --no-defaults --socket="$MYSQL_SOCKET" -u root "$@"; }
+mysql_ok() { mysql_root -e 'SELECT 1' >/dev/null 2>&1; }
+
+# Idempotent statements, so they run at every `up`.
+setup_database() {
+  mysql_root >>"$LOG/mysqld.log" 2>&1 <<EOF || die_with_log "$LOG/mysqld.log" "could not create the Slurm database"
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+EOF
+}
+
+start_slurmdbd() { rm -f "$RUN/slurmdbd.pid" && slurmdbd; }
+slurmdbd_ok() { timeout 10 sacctmgr -n show cluster >/dev/null 2>&1; }
+
+# Cluster, accounts and associations; only what is missing is added.
+setup_accounts() {
+  local have pair user account
+  have=$(timeout 10 sacctmgr -n -P show cluster format=cluster)
+  grep -qx "$CLUSTER" <<<"$have" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
+  have=$(timeout 10 sacctmgr -n -P show assoc cluster="$CLUSTER" format=user,account)
+  for pair in "${ASSOCIATIONS[@]}"; do
+    user=${pair%%:*} account=${pair#*:}
+    grep -qx "|$account" <<<"$have" ||
+      sacctmgr -i add account "$account" cluster="$CLUSTER" >/dev/null
+    grep -qx "$user|$account" <<<"$have" ||
+      sacctmgr -i add user "$user" account="$account" cluster="$CLUSTER" >/dev/null
+  done
+  # `add cluster` gives root the account `root`; a leftover database may not.
+  grep -q '^root|' <<<"$have" ||
+    sacctmgr -i add user root account=root cluster="$CLUSTER" >/dev/null
+}
+
+start_slurmctld() { rm -f "$RUN/slurmctld.pid" && slurmctld -f "$SLURM_CONF"; }
+slurmctld_ok() { [[ $(timeout 5 scontrol ping 2>/dev/null) == *"is UP"* ]]; }
+
+start_slurmd() { rm -f "$RUN/slurmd-$1.pid" && slurmd -f "$SLURM_CONF" -N "$1"; }
+
+declare -A RESUMED=()
+# A node is ready when it can take jobs. One left drained or down by an earlier
+# run (a failed prolog, a killed slurmd) is resumed once, and said so.
+node_ok() {
+  local node=$1 state
+  state=$(timeout 5 sinfo -h -N -n "$node" -o %T 2>/dev/null) || return 1
+  case $state in
+  idle | mixed | allocated | completing) return 0 ;;
+  drain* | down)
+    if [ -z "${RESUMED[$node]:-}" ]; then
+      RESUMED[$node]=1
+      say "$node was $state ($(sinfo -h -N -n "$node" -o %E)); resuming it" >&2
+      scontrol update nodename="$node" state=resume >&2 || true
+    fi
+    ;;
+  esac
+  return 1
+}
+
+cmd_up() {
+  local start=$SECONDS node
+  require_root
+  check_settings
+  prepare_dir
+  ensure_users
+  write_configs
+  check_user_access
+  ensure munged "$LOG/munged.log" 10 munge_ok start_munged munged
+  ensure mysqld "$LOG/mysqld.log" 60 mysql_ok start_mysqld "$(basename "$(mysqld_bin)")"
+  setup_database
+  ensure slurmdbd "$LOG/slurmdbd.log" 30 slurmdbd_ok start_slurmdbd slurmdbd
+  setup_accounts
+  ensure slurmctld "$LOG/slurmctld.log" 30 slurmctld_ok start_slurmctld slurmctld
+  for node in $(node_names); do
+    ensure "slurmd $node" "$LOG/slurmd-$node.log" 30 node_ok start_slurmd slurmd "$node"
+  done
+  say "up in $((SECONDS - start)) s: $NODES node(s) under $DIR; use it with: eval \"\$($0 env)\""
+}
+
+# ---------------------------------------------------------------- down, env, status
+
+# Let slurmstepd end running jobs properly, while slurmctld can still tell it to.
+cancel_jobs() {
+  local jobs
+  [ -n "$(cluster_pids slurmctld)" ] || return 0
+  jobs=$(timeout 5 squeue -h -o %A 2>/dev/null) || return 0
+  [ -n "$jobs" ] || return 0
+  say "cancelling jobs: $(echo $jobs)"
+  scancel $jobs || true
+  wait_until 15 no_jobs || say "jobs still listed after 15 s; stopping anyway"
+}
+no_jobs() { [ -z "$(timeout 5 squeue -h -o %A 2>/dev/null)" ]; }
+no_procs() { [ -z "$(cluster_pids "$1")" ]; }
+
+# TERM, a bounded wait (MariaDB flushes), then KILL what is left.
+stop_procs() {
+  local name=$1 pids
+  pids=$(cluster_pids "$name")
+  [ -n "$pids" ] || return 0
+  kill -TERM $pids 2>/dev/null || true
+  if ! wait_until 20 no_procs "$name"; then
+    kill -KILL $(cluster_pids "$name") 2>/dev/null || true
+    wait_until 5 no_procs "$name" || die "could not stop $name (pids $(cluster_pids "$name" | paste -sd,))"
+  fi
+  say "stopped $name (pid $(echo $pids | tr ' ' ,))"
+}
+
+cmd_down() {
+  local name
+  require_root
+  cancel_jobs
+  for name in slurmd slurmstepd slurmctld slurmdbd mariadbd mysqld munged; do
+    stop_procs "$name"
+  done
+  if [ -e "$MARKER" ]; then
+    rm -rf "$DIR"
+    say "removed $DIR"
+  elif [ -d "$DIR" ]; then
+    say "left $DIR alone: cluster.sh did not make it"
+  fi
+}
+
+# Only `export` lines, so that eval "$(cluster.sh env)" works, up or not.
+# The venv goes first on PATH exactly once, however often this is evaluated.
+cmd_env() {
+  local path=":$ORIG_PATH:"
+  path=${path//:$VENV_BIN:/:}
+  path=${path#:}
+  path=${path%:}
+  printf 'export %s=%q\n' SLURM_CONF "$SLURM_CONF" GPUEFF_CONFIG "$ETC/gpueff.conf" \
+    GPUEFF_CLUSTER_DIR "$DIR" PATH "$VENV_BIN${path:+:$path}"
+}
+
+cmd_status() {
+  local name pids
+  echo "cluster dir: $DIR$([ -e "$MARKER" ] || echo ' (absent)')"
+  for name in "${DAEMONS[@]}"; do
+    [ "$name" = mariadbd ] && name=$(basename "$(mysqld_bin)")
+    pids=$(cluster_pids "$name" | paste -sd,)
+    printf '%-10s %s\n' "$name" "$([ -n "$pids" ] && echo "running (pid $pids)" || echo "not running")"
+  done
+  if slurmctld_ok; then
+    timeout 10 sinfo -N -l
+  else
+    echo "slurmctld does not answer: no sinfo"
+  fi
+}
+
+main() {
+  case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  env) cmd_env ;;
+  status) cmd_status ;;
+  *)
+    echo "usage: $0 up|down|env|status" >&2
+    exit 2
+    ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,101 @@
+"""`gpueff`: the command line. Parse, call one library function, render; only this prints.
+
+Every error the package raises on purpose becomes one line on stderr and its own exit
+status (see model.py); anything else is a bug, reported as such without a traceback
+unless --debug is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .config import load_config
+from .model import GpuEffError
+
+INTERNAL_ERROR = 70
+
+
+def report_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpueff",
+        description="GPU efficiency of a Slurm job: seff's figures plus what its GPUs did.",
+        epilog="Also: 'gpueff deliver' sends summaries waiting in a node's spool to the store.",
+    )
+    parser.add_argument("job_id", metavar="JOBID", help="job id, e.g. 1234 or 1234_7")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    _common(parser)
+    return parser
+
+
+def deliver_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpueff deliver",
+        description="Deliver node summaries waiting in the spool to the store (run as root).",
+    )
+    parser.add_argument("--node", default=os.uname().nodename.split(".")[0],
+                        help="node whose spool to deliver (default: this host)")
+    _common(parser)
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="config file (default: $GPUEFF_CONFIG or /etc/slurm-gpu-eff/gpueff.conf)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+
+
+def cmd_report(args: argparse.Namespace) -> str:
+    from .render import render_json, render_text
+    from .report import build_report
+    from .slurm import get_job
+    from .store import Store
+
+    config = load_config(args.config)
+    job = get_job(args.job_id, config.sacct)
+    store = Store(config.store_path, readonly=True)
+    try:
+        report = build_report(job, store.node_summaries(job.job_id_raw, job.cluster))
+    finally:
+        store.close()
+    return render_json(report) if args.json else render_text(report)
+
+
+def cmd_deliver(args: argparse.Namespace) -> str:
+    from .deliver import deliver
+    from .spool import Spool
+    from .store import Store
+
+    config = load_config(args.config)
+    spool = Spool(config.spool_for(args.node))
+    result = deliver(spool, Store(config.store_path))
+    lines = [f"delivered {result.delivered}, skipped {result.skipped} older than stored"]
+    lines += [f"not a summary, set aside: {p}" for p in result.set_aside]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["deliver"]:
+        parser, command, argv = deliver_parser(), cmd_deliver, argv[1:]
+    else:
+        parser, command = report_parser(), cmd_report
+    args = parser.parse_args(argv)
+    try:
+        sys.stdout.write(command(args))
+        return 0
+    except GpuEffError as exc:
+        print(f"gpueff: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"gpueff: internal error ({type(exc).__name__}: {exc}); rerun with --debug "
+              "and report it", file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Delivery: the node outbox into the store. Run by the epilog (in a child, bounded),
+by the sampler for live figures, and by `gpueff deliver` for anything left behind.
+
+A file is claimed by renaming it before it is read, so a summary posted while a
+delivery runs is never deleted unread; a claim whose deliverer died is taken over.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .config import load_config
+from .model import GpuEffError, SpoolError
+from .spool import Spool, read_summary
+from .store import Store
+
+CLAIM = ".claim-"
+
+
+@dataclass
+class Delivery:
+    delivered: int = 0
+    skipped: int = 0  # older than what the store has
+    set_aside: list[str] = field(default_factory=list)
+
+
+def claim(path: str) -> str | None:
+    target = f"{path}{CLAIM}{os.getpid()}"
+    try:
+        os.replace(path, target)
+        return target
+    except FileNotFoundError:
+        return None  # another deliverer took it
+
+
+def stale_claims(spool: Spool) -> list[str]:
+    """Claims whose deliverer is gone, put back under their own name."""
+    found = []
+    try:
+        names = os.listdir(spool.outbox)
+    except OSError:
+        return []
+    for name in names:
+        base, sep, pid = name.rpartition(CLAIM)
+        if sep and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            original = os.path.join(spool.outbox, base)
+            try:
+                os.replace(os.path.join(spool.outbox, name), original)
+                found.append(original)
+            except OSError:
+                pass
+    return found
+
+
+def deliver(spool: Spool, store: Store) -> Delivery:
+    """Deliver every pending summary; raises StoreError when the store fails (files stay)."""
+    result = Delivery()
+    stale_claims(spool)
+    for path in spool.pending():
+        claimed = claim(path)
+        if claimed is None:
+            continue
+        try:
+            summary = read_summary(claimed)
+        except SpoolError:
+            result.set_aside.append(spool.set_aside(claimed))
+            continue
+        try:
+            stored = store.put(summary)
+        except GpuEffError:
+            _unclaim(claimed, path)
+            raise
+        result.delivered += stored
+        result.skipped += not stored
+        os.unlink(claimed)
+    return result
+
+
+def _unclaim(claimed: str, path: str) -> None:
+    """Give a file back after a failed delivery, unless a newer one was posted meanwhile."""
+    if os.path.exists(path):
+        os.unlink(claimed)
+    else:
+        os.replace(claimed, path)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m slurm_gpu_eff.deliver SPOOL_DIR", file=sys.stderr)
+        return 2
+    try:
+        store = Store(load_config().store_path)
+        result = deliver(Spool(argv[0]), store)
+    except GpuEffError as exc:
+        print(f"delivery failed: {exc}", file=sys.stderr)
+        return 1
+    for path in result.set_aside:
+        print(f"not a summary, set aside: {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,198 @@
+"""Slurm prolog and epilog logic (standard library only: this is the hottest path).
+
+Both are bounded in time by an interval timer, log their own failures, and return 0
+whatever happens: a prolog that fails drains the node and requeues the job.
+- prolog: record the job in the node spool, start the detached sampler, return.
+- epilog: stop the sampler (bounded wait), turn its last checkpoint into the node's
+  summary, post it to the outbox, then deliver the outbox to the store (bounded).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping
+
+from .config import Config, load_config
+from .jobenv import JobContext, parse_job_gpus
+from .log import HookLog
+from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuEffError, NodeSummary
+from .spool import Spool, read_summary, write_json
+
+PID_FILE = "sampler.pid"
+
+
+class HookTimeout(BaseException):
+    """Raised by the timer; a BaseException so no `except Exception` swallows it."""
+
+
+def sampler_command(config: Config, job_dir: str) -> list[str]:
+    return [config.python, "-I", "-m", "slurm_gpu_eff.sampler", job_dir]
+
+
+def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
+    job = JobContext.from_env(env)
+    gpus = parse_job_gpus(job.job_gpus)  # BindingError is logged by main(); no sampler then
+    if not gpus:
+        return
+    job_dir = Spool(config.spool_for(job.node)).job_dir(job.job_id)
+    write_json(os.path.join(job_dir, "job.json"), job.to_dict())
+    pid = start_detached(sampler_command(config, job_dir))
+    with open(os.path.join(job_dir, PID_FILE), "w", encoding="ascii") as handle:
+        handle.write(f"{pid}\n")
+    log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={job.job_gpus}")
+
+
+def start_detached(command: list[str]) -> int:
+    """Start `command` in its own session, stdio closed: outside the job, outliving the hook."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: never return into the hook's code
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.execv(command[0], command)
+    finally:
+        os._exit(0)
+
+
+def epilog(env: Mapping[str, str], config: Config, log: HookLog, deadline: float) -> None:
+    job = JobContext.from_env(env)
+    spool = Spool(config.spool_for(job.node))
+    job_dir = spool.job_dir(job.job_id)
+    if os.path.isdir(job_dir):
+        stop_sampler(job_dir, config.stop_wait_s, log)
+        summary = node_summary(job_dir, job, config)
+    else:
+        try:
+            if not parse_job_gpus(job.job_gpus):
+                return
+            reason = "no sampler record on this node: the prolog did not run or the spool was lost"
+        except GpuEffError as exc:
+            reason = f"GPUs not sampled: {exc}"
+        summary = _missing(job, config, reason)
+    summary.ended_at = time.time()
+    spool.post(summary)
+    shutil.rmtree(job_dir, ignore_errors=True)
+    log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
+    deliver(config, spool, log, deadline)
+
+
+def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
+    return NodeSummary(
+        cluster=job.cluster, job_id=job.job_id, node=job.node, status=MISSING, reason=reason,
+        user=job.user, account=job.account, partition=job.partition, job_gpus=job.job_gpus,
+        interval_s=config.interval_s,
+    )
+
+
+def node_summary(job_dir: str, job: JobContext, config: Config) -> NodeSummary:
+    """The sampler's last word, with its status set to what really happened."""
+    try:
+        summary = read_summary(os.path.join(job_dir, "summary.json"))
+    except GpuEffError as exc:
+        return _missing(job, config, f"the sampler left no summary ({exc})")
+    if summary.status == RUNNING:
+        until = time.strftime("%H:%M:%S", time.localtime(summary.sampled_until or 0))
+        summary.status = PARTIAL
+        summary.reason = f"the sampler stopped unexpectedly; figures up to {until} (last checkpoint)"
+    return summary
+
+
+def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
+    """SIGTERM the job's sampler and wait for its final flush; SIGKILL after wait_s."""
+    try:
+        with open(os.path.join(job_dir, PID_FILE), encoding="ascii") as handle:
+            pid = int(handle.read().strip())
+    except (OSError, ValueError):
+        log.write("no sampler pid file")
+        return
+    if not _is_sampler(pid, job_dir):
+        log.write(f"sampler pid {pid} was already gone")
+        return
+    os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if not _is_sampler(pid, job_dir):
+            return
+        time.sleep(0.02)
+    log.write(f"sampler pid {pid} did not stop within {wait_s:g} s: killed")
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _is_sampler(pid: int, job_dir: str) -> bool:
+    """True while `pid` is this job's live sampler (not a zombie, not a recycled pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return job_dir.encode() in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def deliver(config: Config, spool: Spool, log: HookLog, deadline: float) -> None:
+    """Move the outbox into the store, in a child so a slow store cannot outlive the hook."""
+    budget = deadline - time.monotonic() - 0.5
+    if budget < 0.5:
+        log.write("no time left to deliver; the summary waits in the outbox")
+        return
+    import subprocess  # here, not at the top: the prolog never needs it and it costs ms
+
+    command = [config.python, "-I", "-m", "slurm_gpu_eff.deliver", spool.root]
+    try:
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, timeout=budget, check=False
+        )
+    except subprocess.TimeoutExpired:
+        log.write(f"delivery took over {budget:.1f} s; the summary waits in the outbox")
+        return
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        log.write(f"delivery failed ({tail[0]}); the summary waits in the outbox")
+
+
+def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
+    """Entry point for both hooks. Always returns 0."""
+    kind = argv[0] if argv else ""
+    node = env.get("SLURMD_NODENAME", "")
+    try:
+        config = load_config()
+    except GpuEffError as exc:
+        config = Config()
+        HookLog(config.log_for(node), env.get("SLURM_JOB_ID", "?"), kind).write(str(exc))
+        return 0
+    log = HookLog(config.log_for(node), env.get("SLURM_JOB_ID", "?"), kind)
+    deadline = time.monotonic() + config.hook_timeout_s
+
+    def on_timer(signum: int, frame: object) -> None:
+        raise HookTimeout()
+
+    signal.signal(signal.SIGALRM, on_timer)
+    signal.setitimer(signal.ITIMER_REAL, config.hook_timeout_s)
+    try:
+        if kind == "prolog":
+            prolog(env, config, log)
+        elif kind == "epilog":
+            epilog(env, config, log, deadline)
+        else:
+            log.write(f"unknown hook {kind!r}")
+    except HookTimeout:
+        log.write(f"gave up after {config.hook_timeout_s:g} s")
+    except GpuEffError as exc:
+        log.write(str(exc))
+    except Exception as exc:  # a bug of ours must not become a drained node
+        log.write(f"internal error: {exc!r}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

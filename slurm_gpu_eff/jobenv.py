@@ -1,0 +1,79 @@
+"""What Slurm tells a prolog, epilog or job through its environment (standard library only)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .model import BindingError
+
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]+$")
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+MAX_GPUS_PER_NODE = 1024  # a range wider than this is garbage, not a node
+
+
+def parse_job_gpus(raw: str | None) -> list[int | str]:
+    """Parse SLURM_JOB_GPUS: node-level indexes ("0,1", "0-3", "0-1,3") or GPU/MIG UUIDs.
+
+    Returns [] when the job has no GPUs; raises BindingError on anything else, so a
+    typo in a site's gres setup is reported, never silently sampled as another GPU.
+    """
+    text = (raw or "").strip()
+    if text in ("", "(null)", "N/A", "none"):
+        return []
+    found: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part.isdigit():
+            found.append(int(part))
+        elif match := _RANGE.match(part):
+            low, high = int(match[1]), int(match[2])
+            if high < low or high - low >= MAX_GPUS_PER_NODE:
+                raise BindingError(f"SLURM_JOB_GPUS={text!r}: bad range {part!r}")
+            found.extend(range(low, high + 1))
+        elif _UUID.match(part):
+            found.append(part)
+        else:
+            raise BindingError(f"SLURM_JOB_GPUS={text!r}: cannot read {part!r}")
+    if len(set(found)) != len(found):
+        raise BindingError(f"SLURM_JOB_GPUS={text!r}: a GPU is named twice")
+    return found
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The job as the prolog saw it; stored in the spool for the sampler and epilog."""
+
+    job_id: str
+    node: str
+    cluster: str = ""
+    user: str = ""
+    uid: str = ""
+    account: str = ""
+    partition: str = ""
+    job_gpus: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobContext:
+        job_id = env.get("SLURM_JOB_ID", "").strip()
+        if not job_id.isdigit():
+            raise BindingError(f"SLURM_JOB_ID={job_id!r} is not a job id")
+        return cls(
+            job_id=job_id,
+            node=env.get("SLURMD_NODENAME", "") or env.get("HOSTNAME", "") or "unknown",
+            cluster=env.get("SLURM_CLUSTER_NAME", ""),
+            user=env.get("SLURM_JOB_USER", ""),
+            uid=env.get("SLURM_JOB_UID", ""),
+            account=env.get("SLURM_JOB_ACCOUNT", ""),
+            partition=env.get("SLURM_JOB_PARTITION", ""),
+            job_gpus=env.get("SLURM_JOB_GPUS", ""),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobContext:
+        return cls(**{k: str(data.get(k, "")) for k in cls.__dataclass_fields__})

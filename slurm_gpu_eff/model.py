@@ -1,0 +1,143 @@
+"""The package's data model and errors: standard library only, imported by everything.
+
+A *node summary* is what one node's sampler measured for one job: its GPUs, each
+with streaming statistics per metric. It travels as a plain JSON document (spool
+file -> store), so the dataclasses here convert to and from dicts and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SUMMARY_VERSION = 1
+
+# Node summary status: how far the figures can be trusted.
+RUNNING = "running"  # a live snapshot from a sampler that is still going
+COMPLETE = "complete"  # the sampler flushed at the job's end
+PARTIAL = "partial"  # the sampler died: figures up to its last checkpoint
+MISSING = "missing"  # nothing was measured on this node; `reason` says why
+STATUSES = (RUNNING, COMPLETE, PARTIAL, MISSING)
+
+
+class GpuEffError(Exception):
+    """Base of every error this package raises on purpose; the CLI prints its message."""
+
+    exit_code = 1
+
+
+class ConfigError(GpuEffError):
+    exit_code = 9
+
+
+class UsageError(GpuEffError):
+    exit_code = 2
+
+
+class JobNotFound(GpuEffError):
+    exit_code = 3
+
+
+class NoGpus(GpuEffError):
+    exit_code = 4
+
+
+class NoSummary(GpuEffError):
+    exit_code = 5
+
+
+class SlurmError(GpuEffError):
+    exit_code = 6
+
+
+class StoreError(GpuEffError):
+    exit_code = 7
+
+
+class SpoolError(GpuEffError):
+    exit_code = 8
+
+
+class GpuAccessError(GpuEffError):
+    """NVML could not be used at all (no library, no driver, bad backend)."""
+
+
+class GpuLost(GpuAccessError):
+    """A GPU fell off the bus mid-job (NVML_ERROR_GPU_IS_LOST)."""
+
+
+class BindingError(GpuEffError):
+    """SLURM_JOB_GPUS names GPUs that cannot be resolved on this node."""
+
+
+@dataclass
+class GpuSummary:
+    """One GPU of one node, as sampled for one job."""
+
+    node: str
+    index: int  # the node-level index Slurm gave (SLURM_JOB_GPUS)
+    minor: int | None
+    uuid: str | None
+    name: str | None
+    memory_total_bytes: int | None
+    power_limit_w: float | None
+    samples: int = 0
+    sampled_s: float = 0.0
+    # metric name -> {"mean", "min", "max", "last", "samples", "seconds"}; absent = not measured
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    energy_j: float | None = None
+    energy_source: str | None = None  # "counter" (NVML total energy) or "power" (integrated)
+    errors: list[str] = field(default_factory=list)
+
+    def metric(self, name: str, stat: str = "mean") -> float | None:
+        values = self.metrics.get(name)
+        return None if values is None else values.get(stat)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuSummary:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+@dataclass
+class NodeSummary:
+    """Everything one node knows about one job's GPUs."""
+
+    cluster: str
+    job_id: str
+    node: str
+    status: str
+    reason: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    job_gpus: str = ""  # SLURM_JOB_GPUS as Slurm gave it
+    interval_s: float = 1.0
+    started_at: float | None = None  # prolog time (epoch seconds)
+    sampled_from: float | None = None
+    sampled_until: float | None = None
+    ended_at: float | None = None  # epilog time
+    gpus: list[GpuSummary] = field(default_factory=list)
+    version: int = SUMMARY_VERSION
+
+    @property
+    def final(self) -> bool:
+        return self.status != RUNNING
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeSummary:
+        """Build from a decoded JSON document; raises SpoolError when it is not one of ours."""
+        try:
+            known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            known["gpus"] = [GpuSummary.from_dict(g) for g in data.get("gpus", [])]
+            summary = cls(**known)
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise SpoolError(f"not a node summary: {exc}") from exc
+        if summary.status not in STATUSES:
+            raise SpoolError(f"not a node summary: unknown status {summary.status!r}")
+        if not summary.job_id or not summary.node:
+            raise SpoolError("not a node summary: no job id or node")
+        return summary

@@ -1,0 +1,76 @@
+"""Rendering: every text a person reads comes from a jinja2 template in templates/."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import jinja2
+
+from .report import JobReport
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def clean(value: Any) -> str:
+    """Job names are the user's: no control character (newline, escape) reaches a terminal."""
+    return _CONTROL.sub("?", str(value))
+
+
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}%"
+
+
+def gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 1024**3:.1f}"
+
+
+def hms(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def watts(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f} W"
+
+
+def joules(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value >= 3.6e6:
+        return f"{value / 3.6e6:.2f} kWh"
+    return f"{value / 1000:.1f} kJ"
+
+
+def clocktime(ts: float | None) -> str:
+    return "n/a" if ts is None else time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("slurm_gpu_eff", "templates"),
+        autoescape=jinja2.select_autoescape(["html"]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        clean=clean, pct=pct, gib=gib, hms=hms, watts=watts, joules=joules, clocktime=clocktime
+    )
+    return env
+
+
+def render_text(report: JobReport) -> str:
+    template = _environment().get_template("report.txt.j2")
+    return template.render(r=report, j=report.job, d=report.to_dict())
+
+
+def render_json(report: JobReport) -> str:
+    return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"

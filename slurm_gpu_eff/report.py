@@ -1,0 +1,168 @@
+"""A job's report: Slurm's accounting joined with the node summaries from the store.
+
+Pure data in, data out; the CLI fetches, this module computes, the renderer formats.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import COMPLETE, MISSING, PARTIAL, RUNNING, NoGpus, NoSummary, NodeSummary
+from .slurm import SlurmJob
+
+IDLE_UTIL = 5.0  # percent: a GPU below this on average did no useful work
+
+
+@dataclass
+class GpuLine:
+    node: str
+    minor: int | None
+    uuid: str | None
+    name: str | None
+    status: str
+    util_mean: float | None
+    util_max: float | None
+    mem_util_mean: float | None
+    mem_used_max_bytes: float | None
+    mem_total_bytes: int | None
+    power_mean_w: float | None
+    power_max_w: float | None
+    power_limit_w: float | None
+    energy_j: float | None
+    energy_source: str | None
+    samples: int
+    sampled_s: float
+    errors: list[str]
+
+    @property
+    def idle(self) -> bool:
+        return self.util_mean is not None and self.util_mean < IDLE_UTIL
+
+
+@dataclass
+class JobReport:
+    job: SlurmJob
+    status: str
+    gpus: list[GpuLine]
+    missing_nodes: list[str]
+    notes: list[str] = field(default_factory=list)
+    sampled_until: float | None = None
+
+    @property
+    def gpu_hours_allocated(self) -> float:
+        return self.job.gpus * self.job.elapsed_s / 3600.0
+
+    @property
+    def gpu_util_mean(self) -> float | None:
+        values = [g.util_mean for g in self.gpus if g.util_mean is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def gpu_hours_used(self) -> float | None:
+        """Allocated GPU-hours weighted by each measured GPU's utilisation."""
+        values = [g.util_mean for g in self.gpus if g.util_mean is not None]
+        if not values:
+            return None
+        per_gpu_h = self.job.elapsed_s / 3600.0
+        return sum(v / 100.0 * per_gpu_h for v in values)
+
+    @property
+    def energy_j(self) -> float | None:
+        values = [g.energy_j for g in self.gpus if g.energy_j is not None]
+        return sum(values) if values else None
+
+    @property
+    def idle_gpus(self) -> list[GpuLine]:
+        return [g for g in self.gpus if g.idle]
+
+    def to_dict(self) -> dict[str, Any]:
+        job = self.job
+        return {
+            "job_id": job.job_id, "job_name": job.name, "cluster": job.cluster,
+            "user": job.user, "account": job.account, "partition": job.partition,
+            "state": job.state, "exit_code": job.exit_code, "elapsed_s": job.elapsed_s,
+            "timelimit_s": job.timelimit_s, "nodes": job.nnodes, "nodelist": job.nodelist,
+            "cpus": job.ncpus, "cpu_efficiency": job.cpu_efficiency,
+            "mem_efficiency": job.mem_efficiency, "mem_allocated_bytes": job.alloc_mem_bytes,
+            "mem_used_max_bytes": job.max_rss_bytes, "gpus_allocated": job.gpus,
+            "gpu_status": self.status, "gpu_hours_allocated": self.gpu_hours_allocated,
+            "gpu_hours_used": self.gpu_hours_used, "gpu_util_mean": self.gpu_util_mean,
+            "gpu_energy_j": self.energy_j, "idle_gpus": len(self.idle_gpus),
+            "sampled_until": self.sampled_until, "missing_nodes": self.missing_nodes,
+            "notes": self.notes,
+            "gpus": [dict(vars(g)) for g in self.gpus],
+        }
+
+
+def build_report(job: SlurmJob, summaries: list[NodeSummary]) -> JobReport:
+    """Join accounting and summaries; raises NoGpus / NoSummary when there is nothing to show."""
+    if not summaries:
+        if job.gpus == 0:
+            raise NoGpus(f"job {job.job_id} has no GPUs: nothing to report here (seff covers CPU jobs)")
+        if job.state == "PENDING":
+            raise NoSummary(f"job {job.job_id} has not started yet")
+        raise NoSummary(
+            f"no GPU figures stored for job {job.job_id}: its sampler did not run, or its "
+            "summary has not been delivered yet (see the gpueff log on its nodes)"
+        )
+    gpus = [_gpu_line(s, g) for s in summaries for g in s.gpus]
+    seen = {s.node for s in summaries}
+    expected = expand_hostlist(job.nodelist)
+    missing_nodes = [n for n in expected if n not in seen]
+    notes = []
+    for s in summaries:
+        if s.status in (PARTIAL, MISSING):
+            notes.append(f"{s.node}: {s.status}: {s.reason}")
+    if missing_nodes and not job.running:
+        notes.append(f"no summary from node(s) {', '.join(missing_nodes)}: their figures are missing")
+    for g in gpus:
+        notes.extend(f"{g.node} GPU {g.minor}: {e}" for e in g.errors)
+    until = max((s.sampled_until for s in summaries if s.sampled_until), default=None)
+    return JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until)
+
+
+def _status(job: SlurmJob, summaries: list[NodeSummary], missing_nodes: list[str]) -> str:
+    statuses = {s.status for s in summaries}
+    if job.running or RUNNING in statuses:
+        return RUNNING
+    if statuses == {COMPLETE} and not missing_nodes:
+        return COMPLETE
+    if statuses == {MISSING}:
+        return MISSING
+    return PARTIAL
+
+
+def _gpu_line(s: NodeSummary, g: Any) -> GpuLine:
+    return GpuLine(
+        node=g.node, minor=g.minor, uuid=g.uuid, name=g.name, status=s.status,
+        util_mean=g.metric("util"), util_max=g.metric("util", "max"),
+        mem_util_mean=g.metric("mem_util"), mem_used_max_bytes=g.metric("mem_used_bytes", "max"),
+        mem_total_bytes=g.memory_total_bytes, power_mean_w=g.metric("power_w"),
+        power_max_w=g.metric("power_w", "max"), power_limit_w=g.power_limit_w,
+        energy_j=g.energy_j, energy_source=g.energy_source, samples=g.samples,
+        sampled_s=g.sampled_s, errors=list(g.errors),
+    )
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm hostlists ('gpu[1-3,5],login01') -> names; what it cannot read, it keeps whole."""
+    names: list[str] = []
+    for prefix, body, suffix, plain in re.findall(r"([^,\[]+)\[([^\]]*)\]([^,]*)|([^,]+)", text or ""):
+        if plain:
+            names.append(plain)
+            continue
+        for part in body.split(","):
+            low, _, high = part.partition("-")
+            if high and low.isdigit() and high.isdigit():
+                width = len(low)
+                names.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(low), int(high) + 1))
+            else:
+                names.append(f"{prefix}{part}{suffix}")
+    return [n for n in names if n and n not in ("None assigned", "(null)")]
+
+
+def clock(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

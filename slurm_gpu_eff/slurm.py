@@ -1,0 +1,179 @@
+"""Slurm's accounting, through `sacct -P` (stable across Slurm releases, unlike --json).
+
+The one subprocess call lives in `run_sacct`; everything else is pure parsing, tested
+on captured sacct text. Rows are zipped strictly with the columns asked for, with a
+delimiter no data contains, so a new Slurm column never shifts values silently; a
+job name holding a newline is stitched back together.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+
+from .model import JobNotFound, SlurmError, UsageError
+
+DELIMITER = "\x1f"  # ASCII unit separator: never in a job name a shell can type easily
+FIELDS = (
+    "JobID", "JobName", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
+    "ExitCode", "ElapsedRaw", "TimelimitRaw", "Start", "End", "NCPUS", "NNodes", "NodeList",
+    "TotalCPU", "AllocTRES", "MaxRSS",
+)
+JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    job_id_raw: str
+    name: str
+    cluster: str
+    user: str
+    account: str
+    partition: str
+    state: str
+    exit_code: str
+    elapsed_s: int
+    timelimit_s: int | None
+    start: str
+    end: str
+    ncpus: int
+    nnodes: int
+    nodelist: str
+    total_cpu_s: float
+    alloc_mem_bytes: int | None
+    max_rss_bytes: int | None
+    gpus: int
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("RUNNING", "COMPLETING", "SUSPENDED", "PENDING")
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        """Percent, as seff: CPU time used over core-walltime allocated."""
+        if self.running or self.elapsed_s <= 0 or self.ncpus <= 0:
+            return None
+        return 100.0 * self.total_cpu_s / (self.elapsed_s * self.ncpus)
+
+    @property
+    def mem_efficiency(self) -> float | None:
+        """Percent, as seff: the largest step's peak RSS over the memory allocated."""
+        if self.running or not self.alloc_mem_bytes or self.max_rss_bytes is None:
+            return None
+        return 100.0 * self.max_rss_bytes / self.alloc_mem_bytes
+
+
+def check_job_id(job_id: str) -> str:
+    job_id = job_id.strip()
+    if not JOB_ID.match(job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id (like 1234, 1234_7 or 1234+1)")
+    return job_id
+
+
+def run_sacct(job_id: str, sacct: str = "sacct") -> str:
+    command = [
+        sacct, "-j", check_job_id(job_id), "-P", "-n", f"--delimiter={DELIMITER}",
+        "--format=" + ",".join(FIELDS),
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError as exc:
+        raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError("sacct did not answer within 60 s (is slurmdbd up?)") from exc
+    if done.returncode != 0:
+        first = (done.stderr.strip().splitlines() or ["no message"])[0]
+        raise SlurmError(f"sacct failed: {first}")
+    return done.stdout
+
+
+def parse_rows(text: str) -> list[dict[str, str]]:
+    """sacct -P output -> one dict per row, stitching rows a newline in a name split."""
+    rows: list[dict[str, str]] = []
+    pending = ""
+    for line in text.split("\n"):
+        pending = f"{pending}\n{line}" if pending else line
+        count = pending.count(DELIMITER) + 1
+        if count < len(FIELDS):
+            continue
+        if count > len(FIELDS):
+            raise SlurmError(f"sacct returned {count} columns, expected {len(FIELDS)}")
+        rows.append(dict(zip(FIELDS, pending.split(DELIMITER))))
+        pending = ""
+    if pending.strip():
+        raise SlurmError("sacct output ended in the middle of a row")
+    return rows
+
+
+def job_from_rows(job_id: str, rows: list[dict[str, str]]) -> SlurmJob:
+    """The job's allocation row plus what its steps measured (peak RSS)."""
+    jobs = [r for r in rows if "." not in r["JobID"]]
+    if not jobs:
+        raise JobNotFound(f"job {job_id} is not in Slurm's accounting")
+    main = next((r for r in jobs if job_id in (r["JobID"], r["JobIDRaw"])), jobs[0])
+    steps = [r for r in rows if r["JobID"].startswith(main["JobID"] + ".")]
+    tres = parse_tres(main["AllocTRES"])
+    rss = [parse_size(r["MaxRSS"]) for r in steps if r["MaxRSS"]]
+    return SlurmJob(
+        job_id=main["JobID"], job_id_raw=main["JobIDRaw"], name=main["JobName"],
+        cluster=main["Cluster"], user=main["User"], account=main["Account"],
+        partition=main["Partition"], state=(main["State"].split() or ["UNKNOWN"])[0],
+        exit_code=main["ExitCode"], elapsed_s=_int(main["ElapsedRaw"]),
+        timelimit_s=None if not main["TimelimitRaw"].isdigit() else int(main["TimelimitRaw"]) * 60,
+        start=main["Start"], end=main["End"], ncpus=_int(main["NCPUS"]),
+        nnodes=_int(main["NNodes"]), nodelist=main["NodeList"],
+        total_cpu_s=parse_duration(main["TotalCPU"]),
+        alloc_mem_bytes=tres.get("mem"),
+        max_rss_bytes=max((r for r in rss if r is not None), default=None),
+        gpus=tres.get("gres/gpu", sum(v for k, v in tres.items() if k.startswith("gres/gpu:"))),
+    )
+
+
+def get_job(job_id: str, sacct: str = "sacct") -> SlurmJob:
+    return job_from_rows(check_job_id(job_id), parse_rows(run_sacct(job_id, sacct)))
+
+
+def parse_tres(text: str) -> dict[str, int]:
+    """'cpu=4,mem=4000M,node=1,gres/gpu=2' -> {'cpu': 4, 'mem': bytes, 'gres/gpu': 2}."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            continue
+        size = parse_size(value) if key == "mem" else (int(value) if value.isdigit() else None)
+        if size is not None:
+            out[key] = size
+    return out
+
+
+def parse_size(text: str) -> int | None:
+    """Slurm sizes ('4000M', '1.5G', '1234K', '0') -> bytes; None when unreadable."""
+    match = re.match(r"^([\d.]+)([KMGTP]?)[nc]?$", text.strip())
+    if not match:
+        return None
+    try:
+        return int(float(match[1]) * _UNITS[match[2]])
+    except ValueError:
+        return None
+
+
+def parse_duration(text: str) -> float:
+    """sacct times ('[D-][HH:]MM:SS[.mmm]') -> seconds; 0 for an empty field."""
+    text = text.strip()
+    if not text:
+        return 0.0
+    days, _, rest = text.rpartition("-")
+    parts = [float(p) for p in rest.split(":")]
+    seconds = 0.0
+    for part in parts:
+        seconds = seconds * 60 + part
+    if len(parts) == 2 and "." not in rest and days:
+        seconds *= 60  # 'D-HH:MM': the two parts are hours and minutes
+    return seconds + (int(days) * 86400 if days else 0)
+
+
+def _int(text: str) -> int:
+    return int(text) if text.strip().isdigit() else 0

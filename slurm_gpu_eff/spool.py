@@ -1,0 +1,102 @@
+"""The node-local spool (standard library only: the hooks and the sampler use it).
+
+    SPOOL/jobs/JOBID/job.json      what the prolog saw (JobContext)
+    SPOOL/jobs/JOBID/sampler.pid   the detached sampler
+    SPOOL/jobs/JOBID/summary.json  the sampler's latest checkpoint (a NodeSummary)
+    SPOOL/outbox/*.json            node summaries waiting for the store
+    SPOOL/outbox/corrupt/          files that were not summaries, kept for a human
+
+Every write is atomic (temporary file, fsync, rename): a crash leaves the old file or
+the new one, never half of one. Summaries go to the outbox first and to the store
+second, so a store that is down loses nothing: the next delivery takes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from .model import NodeSummary, SpoolError
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class Spool:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.outbox = os.path.join(root, "outbox")
+
+    def job_dir(self, job_id: str) -> str:
+        return os.path.join(self.root, "jobs", _safe(job_id))
+
+    def post(self, summary: NodeSummary) -> str:
+        """Queue a node summary for the store; the newest one per job and node wins."""
+        name = f"{_safe(summary.cluster)}-{_safe(summary.job_id)}-{_safe(summary.node)}.json"
+        path = os.path.join(self.outbox, name)
+        write_json(path, summary.to_dict())
+        return path
+
+    def pending(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self.outbox))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SpoolError(f"cannot list {self.outbox}: {exc.strerror}") from exc
+        return [os.path.join(self.outbox, n) for n in names if n.endswith(".json")]
+
+    def set_aside(self, path: str) -> str:
+        """Move a file that is not a summary out of the way, keeping it for inspection."""
+        corrupt = os.path.join(self.outbox, "corrupt")
+        os.makedirs(corrupt, exist_ok=True)
+        target = os.path.join(corrupt, os.path.basename(path))
+        os.replace(path, target)
+        return target
+
+
+def _safe(text: str) -> str:
+    return _UNSAFE.sub("_", text) or "_"
+
+
+def write_json(path: str, data: Any) -> None:
+    """Atomically replace `path` with `data` as JSON; raises SpoolError (e.g. disk full)."""
+    directory = os.path.dirname(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, separators=(",", ":"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise SpoolError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def read_json(path: str) -> Any:
+    """Read a spool file; SpoolError says whether it is missing or corrupt."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError as exc:
+        raise SpoolError(f"{path} does not exist") from exc
+    except OSError as exc:
+        raise SpoolError(f"cannot read {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise SpoolError(f"{path} is corrupt: {exc}") from exc
+
+
+def read_summary(path: str) -> NodeSummary:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise SpoolError(f"{path} is corrupt: not a JSON object")
+    try:
+        return NodeSummary.from_dict(data)
+    except SpoolError as exc:
+        raise SpoolError(f"{path}: {exc}") from exc

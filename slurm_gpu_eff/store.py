@@ -1,0 +1,131 @@
+"""The embedded store: node summaries in SQLite, through sqlite-utils.
+
+One row per (cluster, job, node) with the whole summary as JSON, and one row per GPU
+with the figures admin reports aggregate. Writes are idempotent and ordered: a final
+summary is never replaced by a live snapshot that arrives late, so deliveries may be
+retried, duplicated or reordered without harm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from typing import Any
+
+import sqlite_utils
+from sqlite_utils import Migrations
+
+from .model import GpuSummary, NodeSummary, StoreError
+
+migrations = Migrations("slurm-gpu-eff")
+
+
+@migrations()
+def m001_summaries(db: sqlite_utils.Database) -> None:
+    db["node_summaries"].create(  # type: ignore[union-attr]
+        {
+            "cluster": str, "job_id": str, "node": str, "status": str, "reason": str,
+            "user": str, "account": str, "partition": str, "gpu_count": int,
+            "sampled_from": float, "sampled_until": float, "ended_at": float, "body": str,
+        },
+        pk=("cluster", "job_id", "node"),
+    )
+    db["gpus"].create(  # type: ignore[union-attr]
+        {
+            "cluster": str, "job_id": str, "node": str, "minor": int, "uuid": str, "name": str,
+            "user": str, "account": str, "partition": str, "status": str,
+            "util_mean": float, "mem_used_max_bytes": float, "mem_total_bytes": int,
+            "power_mean_w": float, "energy_j": float, "samples": int, "sampled_s": float,
+            "sampled_until": float,
+        },
+        pk=("cluster", "job_id", "node", "minor"),
+    )
+    db["gpus"].create_index(["sampled_until"])  # type: ignore[union-attr]
+    db["gpus"].create_index(["user", "sampled_until"])  # type: ignore[union-attr]
+
+
+class Store:
+    def __init__(self, path: str, readonly: bool = False) -> None:
+        self.path = path
+        try:
+            if readonly:
+                if not os.path.exists(path):
+                    raise StoreError(f"no GPU data has been stored yet ({path} does not exist)")
+                conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+            else:
+                os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                conn = sqlite3.connect(path, timeout=30)
+            self.db = sqlite_utils.Database(conn)
+            if not readonly:
+                migrations.apply(self.db)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
+
+    def put(self, summary: NodeSummary) -> bool:
+        """Store a node summary unless a newer or final one is already there."""
+        key = (summary.cluster, summary.job_id, summary.node)
+        try:
+            with self.db.conn:
+                old = self._node_row(*key)
+                if old is not None and not _newer(summary, old):
+                    return False
+                self.db["node_summaries"].upsert(_node_row(summary), pk=("cluster", "job_id", "node"))  # type: ignore[union-attr]
+                self.db.execute(
+                    "delete from gpus where cluster = ? and job_id = ? and node = ?", key
+                )
+                rows = [_gpu_row(summary, g) for g in summary.gpus if g.minor is not None]
+                if rows:
+                    self.db["gpus"].insert_all(rows)  # type: ignore[union-attr]
+            return True
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
+
+    def _node_row(self, cluster: str, job_id: str, node: str) -> dict[str, Any] | None:
+        rows = list(self.db["node_summaries"].rows_where(  # type: ignore[union-attr]
+            "cluster = ? and job_id = ? and node = ?", [cluster, job_id, node],
+            select="status, sampled_until",
+        ))
+        return rows[0] if rows else None
+
+    def node_summaries(self, job_id: str, cluster: str | None = None) -> list[NodeSummary]:
+        where, args = "job_id = ?", [job_id]
+        if cluster:
+            where, args = where + " and cluster = ?", args + [cluster]
+        try:
+            rows = self.db["node_summaries"].rows_where(where, args, order_by="node")  # type: ignore[union-attr]
+            return [NodeSummary.from_dict(json.loads(r["body"])) for r in rows]
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+
+def _newer(new: NodeSummary, old: dict[str, Any]) -> bool:
+    old_final = old["status"] != "running"
+    if old_final != new.final:
+        return new.final  # final beats live, whatever the order of arrival
+    return (new.sampled_until or 0) >= (old["sampled_until"] or 0)
+
+
+def _node_row(s: NodeSummary) -> dict[str, Any]:
+    return {
+        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "status": s.status,
+        "reason": s.reason, "user": s.user, "account": s.account, "partition": s.partition,
+        "gpu_count": len(s.gpus), "sampled_from": s.sampled_from,
+        "sampled_until": s.sampled_until, "ended_at": s.ended_at,
+        "body": json.dumps(s.to_dict(), separators=(",", ":")),
+    }
+
+
+def _gpu_row(s: NodeSummary, g: GpuSummary) -> dict[str, Any]:
+    return {
+        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "minor": g.minor,
+        "uuid": g.uuid, "name": g.name, "user": s.user, "account": s.account,
+        "partition": s.partition, "status": s.status, "util_mean": g.metric("util"),
+        "mem_used_max_bytes": g.metric("mem_used_bytes", "max"),
+        "mem_total_bytes": g.memory_total_bytes, "power_mean_w": g.metric("power_w"),
+        "energy_j": g.energy_j, "samples": g.samples, "sampled_s": g.sampled_s,
+        "sampled_until": s.sampled_until,
+    }
