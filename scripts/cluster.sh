@@ -358,7 +358,7 @@ ensure() {
 }
 
 # Poll CHECK until it passes; give up at once when the daemon has exited
-# (after a grace second for it to fork), else after TIMEOUT seconds.
+# (after 2 s of grace for it to fork), else after TIMEOUT seconds.
 wait_ready() {
   local label=$1 log=$2 timeout=$3 check=$4 proc=$5 arg=$6
   local deadline=$((SECONDS + timeout)) grace=$((SECONDS + 2))
@@ -392,6 +392,8 @@ init_datadir() {
   install -d -o mysql -g mysql -m 0755 "$DIR/mysql" &&
     chown mysql:mysql "$LOG/mysqld.log" || return 1
   [ -e "$DIR/mysql/initialized" ] && return 0
+  # Slurm daemons running on a database that vanished would hold stale ids.
+  [ -z "$SLURM_RUNNING" ] || die "the accounting database under $DB_DIR is gone while Slurm runs; run '$0 down' first"
   rm -rf "$DB_DIR"
   install -d -o mysql -g mysql -m 0750 "$DB_DIR" || return 1
   mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DIR" \
@@ -424,22 +426,29 @@ EOF
 start_slurmdbd() { rm -f "$RUN/slurmdbd.pid" && slurmdbd; }
 slurmdbd_ok() { timeout 10 sacctmgr -n show cluster >/dev/null 2>&1; }
 
+# sacctmgr ARGS, or die with what it said (it reports errors on stdout).
+sacctmgr_or_die() {
+  local out
+  out=$(timeout 10 sacctmgr "$@" 2>&1) || die_with_log "$LOG/slurmdbd.log" "sacctmgr $* failed: $out"
+  echo "$out"
+}
+
 # Cluster, accounts and associations; only what is missing is added.
 setup_accounts() {
   local have pair user account
-  have=$(timeout 10 sacctmgr -n -P show cluster format=cluster)
-  grep -qx "$CLUSTER" <<<"$have" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
-  have=$(timeout 10 sacctmgr -n -P show assoc cluster="$CLUSTER" format=user,account)
+  have=$(sacctmgr_or_die -n -P show cluster format=cluster)
+  grep -qx "$CLUSTER" <<<"$have" || sacctmgr_or_die -i add cluster "$CLUSTER" >/dev/null
+  have=$(sacctmgr_or_die -n -P show assoc cluster="$CLUSTER" format=user,account)
   for pair in "${ASSOCIATIONS[@]}"; do
     user=${pair%%:*} account=${pair#*:}
     grep -qx "|$account" <<<"$have" ||
-      sacctmgr -i add account "$account" cluster="$CLUSTER" >/dev/null
+      sacctmgr_or_die -i add account "$account" cluster="$CLUSTER" >/dev/null
     grep -qx "$user|$account" <<<"$have" ||
-      sacctmgr -i add user "$user" account="$account" cluster="$CLUSTER" >/dev/null
+      sacctmgr_or_die -i add user "$user" account="$account" cluster="$CLUSTER" >/dev/null
   done
   # `add cluster` gives root the account `root`; a leftover database may not.
   grep -q '^root|' <<<"$have" ||
-    sacctmgr -i add user root account=root cluster="$CLUSTER" >/dev/null
+    sacctmgr_or_die -i add user root account=root cluster="$CLUSTER" >/dev/null
 }
 
 start_slurmctld() { rm -f "$RUN/slurmctld.pid" && slurmctld -f "$SLURM_CONF"; }

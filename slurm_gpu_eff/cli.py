@@ -12,7 +12,7 @@ import os
 import sys
 
 from .config import load_config
-from .model import GpuEffError
+from .errors import GpuEffError
 
 INTERNAL_ERROR = 70
 

@@ -8,32 +8,51 @@ keep apart.
 
 from __future__ import annotations
 
-import configparser
 import os
 import sys
-from dataclasses import dataclass
-
-from .model import ConfigError
+from .errors import ConfigError
 
 DEFAULT_PATH = "/etc/slurm-gpu-eff/gpueff.conf"
 
 
-@dataclass(frozen=True)
 class Config:
-    path: str | None = None
-    gpu_backend: str = "nvml"  # "nvml" (pynvml) or "sim" (simulated GPUs)
-    sim_devices: str = ""
-    sim_state_dir: str = ""
-    interval_s: float = 1.0
-    checkpoint_s: float = 60.0
-    live_s: float = 300.0  # how often a running job's figures reach the store
-    spool_dir: str = "/var/spool/slurm-gpu-eff/%n"
-    store_path: str = "/var/lib/slurm-gpu-eff/gpueff.db"
-    log_file: str = "/var/log/slurm-gpu-eff/%n.log"
-    hook_timeout_s: float = 10.0  # hard bound for a prolog or epilog
-    stop_wait_s: float = 3.0  # how long the epilog waits for the sampler to flush
-    python: str = sys.executable  # interpreter for the processes the hooks start
-    sacct: str = "sacct"
+    """Settings, with the defaults a production node gets when the file says nothing.
+
+    A plain class, not a dataclass: the prolog imports this, and `dataclasses` alone
+    costs more start-up time than the rest of the prolog.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        gpu_backend: str = "nvml",  # "nvml" (pynvml) or "sim" (simulated GPUs)
+        sim_devices: str = "",
+        sim_state_dir: str = "",
+        interval_s: float = 1.0,
+        checkpoint_s: float = 60.0,
+        live_s: float = 300.0,  # how often a running job's figures reach the store
+        spool_dir: str = "/var/spool/slurm-gpu-eff/%n",
+        store_path: str = "/var/lib/slurm-gpu-eff/gpueff.db",
+        log_file: str = "/var/log/slurm-gpu-eff/%n.log",
+        hook_timeout_s: float = 10.0,  # hard bound for a prolog or epilog
+        stop_wait_s: float = 3.0,  # how long the epilog waits for the sampler to flush
+        python: str = sys.executable,  # interpreter for the processes the hooks start
+        sacct: str = "sacct",
+    ) -> None:
+        self.path = path
+        self.gpu_backend = gpu_backend
+        self.sim_devices = sim_devices
+        self.sim_state_dir = sim_state_dir
+        self.interval_s = interval_s
+        self.checkpoint_s = checkpoint_s
+        self.live_s = live_s
+        self.spool_dir = spool_dir
+        self.store_path = store_path
+        self.log_file = log_file
+        self.hook_timeout_s = hook_timeout_s
+        self.stop_wait_s = stop_wait_s
+        self.python = python
+        self.sacct = sacct
 
     def spool_for(self, node: str) -> str:
         return expand(self.spool_dir, node)
@@ -69,31 +88,52 @@ def config_path(path: str | None = None) -> str:
 
 
 def load_config(path: str | None = None) -> Config:
-    """Read the config file; raises ConfigError with the file and key at fault."""
+    """Read the config file; raises ConfigError with the file, line or key at fault."""
     path = config_path(path)
-    parser = configparser.ConfigParser(interpolation=None)
     try:
         with open(path, encoding="utf-8") as handle:
-            parser.read_file(handle)
+            raw = parse_ini(handle.read(), path)
     except FileNotFoundError:
         return Config(path=None)
-    except (OSError, configparser.Error, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
-    values: dict[str, object] = {"path": path}
-    for section, key, name, kind in _KEYS:
-        raw = parser.get(section, key, fallback=None)
-        if raw is None or raw.strip() == "":
+    known = {(section, key): (name, kind) for section, key, name, kind in _KEYS}
+    values: dict[str, object] = {}
+    for (section, key), text in raw.items():
+        if (section, key) not in known:
+            raise ConfigError(f"{path}: unknown setting [{section}] {key}")
+        name, kind = known[(section, key)]
+        if text == "":
             continue
         try:
-            value = kind(raw.strip())
+            value = kind(text)
         except ValueError as exc:
-            raise ConfigError(f"{path}: [{section}] {key} = {raw!r} is not a number") from exc
-        if kind is float and not value > 0:  # type: ignore[operator]
+            raise ConfigError(f"{path}: [{section}] {key} = {text!r} is not a number") from exc
+        if kind is float and not value > 0:
             raise ConfigError(f"{path}: [{section}] {key} must be greater than 0")
         values[name] = value
-    config = Config(**values)  # type: ignore[arg-type]
+    config = Config(path, **values)  # type: ignore[arg-type]
     if config.gpu_backend not in ("nvml", "sim"):
         raise ConfigError(f"{path}: [gpu] backend must be 'nvml' or 'sim'")
     if config.gpu_backend == "sim" and not (config.sim_devices and config.sim_state_dir):
         raise ConfigError(f"{path}: [gpu] backend = sim needs [sim] devices and state_dir")
     return config
+
+
+def parse_ini(text: str, path: str) -> dict[tuple[str, str], str]:
+    """A small INI reader ([section], key = value, # comments): configparser costs the
+    prolog milliseconds for features this file does not use."""
+    values: dict[tuple[str, str], str] = {}
+    section = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line[0] == "[" and line[-1] == "]":
+            section = line[1:-1].strip().lower()
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not section:
+            raise ConfigError(f"{path}, line {number}: expected 'key = value' under a [section]")
+        values[(section, key.strip().lower())] = value.strip()
+    return values

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .config import load_config
-from .model import GpuEffError, SpoolError
+from .errors import GpuEffError, SpoolError
 from .spool import Spool, read_summary
 from .store import Store
 

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from .config import Config
-from .model import BindingError, GpuAccessError, GpuLost
+from .errors import BindingError, GpuAccessError, GpuLost
 
 
 def load_nvml(config: Config, node: str) -> ModuleType:

@@ -2,25 +2,32 @@
 
 Both are bounded in time by an interval timer, log their own failures, and return 0
 whatever happens: a prolog that fails drains the node and requeues the job.
-- prolog: record the job in the node spool, start the detached sampler, return.
+- prolog: make the job's spool directory, start the detached sampler, return.
 - epilog: stop the sampler (bounded wait), turn its last checkpoint into the node's
   summary, post it to the outbox, then deliver the outbox to the store (bounded).
 """
 
 from __future__ import annotations
 
+import _signal  # signal.py only wraps this in enums, and importing enum costs the prolog 5 ms
 import os
-import shutil
-import signal
 import sys
 import time
-from collections.abc import Mapping
 
 from .config import Config, load_config
+from .errors import GpuEffError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuEffError, NodeSummary
-from .spool import Spool, read_summary, write_json
+from .spool import Spool
+
+# The prolog's imports are kept to the bare minimum (no typing, dataclasses, re,
+# subprocess): each costs milliseconds of start-up on every job. The epilog imports
+# what it needs inside its functions.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .model import NodeSummary
 
 PID_FILE = "sampler.pid"
 
@@ -39,7 +46,9 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     if not gpus:
         return
     job_dir = Spool(config.spool_for(job.node)).job_dir(job.job_id)
-    write_json(os.path.join(job_dir, "job.json"), job.to_dict())
+    os.makedirs(job_dir, exist_ok=True)
+    # The sampler inherits this environment, Slurm's variables included: it needs no
+    # other description of the job, and the prolog writes no JSON (json imports re).
     pid = start_detached(sampler_command(config, job_dir))
     with open(os.path.join(job_dir, PID_FILE), "w", encoding="ascii") as handle:
         handle.write(f"{pid}\n")
@@ -78,12 +87,16 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog, deadline: float
         summary = _missing(job, config, reason)
     summary.ended_at = time.time()
     spool.post(summary)
+    import shutil
+
     shutil.rmtree(job_dir, ignore_errors=True)
     log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
     deliver(config, spool, log, deadline)
 
 
 def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
+    from .model import MISSING, NodeSummary
+
     return NodeSummary(
         cluster=job.cluster, job_id=job.job_id, node=job.node, status=MISSING, reason=reason,
         user=job.user, account=job.account, partition=job.partition, job_gpus=job.job_gpus,
@@ -93,6 +106,9 @@ def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
 
 def node_summary(job_dir: str, job: JobContext, config: Config) -> NodeSummary:
     """The sampler's last word, with its status set to what really happened."""
+    from .model import PARTIAL, RUNNING
+    from .spool import read_summary
+
     try:
         summary = read_summary(os.path.join(job_dir, "summary.json"))
     except GpuEffError as exc:
@@ -115,7 +131,7 @@ def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
     if not _is_sampler(pid, job_dir):
         log.write(f"sampler pid {pid} was already gone")
         return
-    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, _signal.SIGTERM)
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
         if not _is_sampler(pid, job_dir):
@@ -123,7 +139,7 @@ def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
         time.sleep(0.02)
     log.write(f"sampler pid {pid} did not stop within {wait_s:g} s: killed")
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, _signal.SIGKILL)
     except ProcessLookupError:
         pass
 
@@ -174,8 +190,8 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
     def on_timer(signum: int, frame: object) -> None:
         raise HookTimeout()
 
-    signal.signal(signal.SIGALRM, on_timer)
-    signal.setitimer(signal.ITIMER_REAL, config.hook_timeout_s)
+    _signal.signal(_signal.SIGALRM, on_timer)
+    _signal.setitimer(_signal.ITIMER_REAL, config.hook_timeout_s)
     try:
         if kind == "prolog":
             prolog(env, config, log)
@@ -190,7 +206,7 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
     except Exception as exc:  # a bug of ours must not become a drained node
         log.write(f"internal error: {exc!r}")
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _signal.setitimer(_signal.ITIMER_REAL, 0)
     return 0
 
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+TYPE_CHECKING = False  # not typing's: importing typing costs the prolog milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
-from .model import BindingError
+from .errors import BindingError
 
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]+$")
-_RANGE = re.compile(r"^(\d+)-(\d+)$")
+_HEX = set("0123456789abcdefABCDEF-")
 MAX_GPUS_PER_NODE = 1024  # a range wider than this is garbage, not a node
 
 
@@ -28,12 +26,12 @@ def parse_job_gpus(raw: str | None) -> list[int | str]:
         part = part.strip()
         if part.isdigit():
             found.append(int(part))
-        elif match := _RANGE.match(part):
-            low, high = int(match[1]), int(match[2])
+        elif _is_range(part):
+            low, high = (int(x) for x in part.split("-"))
             if high < low or high - low >= MAX_GPUS_PER_NODE:
                 raise BindingError(f"SLURM_JOB_GPUS={text!r}: bad range {part!r}")
             found.extend(range(low, high + 1))
-        elif _UUID.match(part):
+        elif part[:4] in ("GPU-", "MIG-") and len(part) > 4 and set(part[4:]) <= _HEX:
             found.append(part)
         else:
             raise BindingError(f"SLURM_JOB_GPUS={text!r}: cannot read {part!r}")
@@ -42,18 +40,34 @@ def parse_job_gpus(raw: str | None) -> list[int | str]:
     return found
 
 
-@dataclass(frozen=True)
-class JobContext:
-    """The job as the prolog saw it; stored in the spool for the sampler and epilog."""
+def _is_range(part: str) -> bool:
+    low, sep, high = part.partition("-")
+    return bool(sep) and low.isdigit() and high.isdigit()
 
-    job_id: str
-    node: str
-    cluster: str = ""
-    user: str = ""
-    uid: str = ""
-    account: str = ""
-    partition: str = ""
-    job_gpus: str = ""
+
+class JobContext:
+    """The job as the prolog saw it; stored in the spool for the sampler and epilog.
+
+    Plain class (no dataclass): the prolog builds it and must start fast.
+    """
+
+    FIELDS = ("job_id", "node", "cluster", "user", "uid", "account", "partition", "job_gpus")
+
+    def __init__(
+        self, job_id: str, node: str, cluster: str = "", user: str = "", uid: str = "",
+        account: str = "", partition: str = "", job_gpus: str = "",
+    ) -> None:
+        self.job_id = job_id
+        self.node = node
+        self.cluster = cluster
+        self.user = user
+        self.uid = uid
+        self.account = account
+        self.partition = partition
+        self.job_gpus = job_gpus
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobContext) and self.to_dict() == other.to_dict()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> JobContext:
@@ -71,9 +85,9 @@ class JobContext:
             job_gpus=env.get("SLURM_JOB_GPUS", ""),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> JobContext:
-        return cls(**{k: str(data.get(k, "")) for k in cls.__dataclass_fields__})
+    def from_dict(cls, data: Mapping[str, object]) -> JobContext:
+        return cls(**{k: str(data.get(k, "")) for k in cls.FIELDS})

@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .errors import (  # noqa: F401  re-exported: the package's vocabulary in one place
+    BindingError, ConfigError, GpuAccessError, GpuEffError, GpuLost, JobNotFound, NoGpus,
+    NoSummary, SlurmError, SpoolError, StoreError, UsageError,
+)
+
 SUMMARY_VERSION = 1
 
 # Node summary status: how far the figures can be trusted.
@@ -18,56 +23,6 @@ COMPLETE = "complete"  # the sampler flushed at the job's end
 PARTIAL = "partial"  # the sampler died: figures up to its last checkpoint
 MISSING = "missing"  # nothing was measured on this node; `reason` says why
 STATUSES = (RUNNING, COMPLETE, PARTIAL, MISSING)
-
-
-class GpuEffError(Exception):
-    """Base of every error this package raises on purpose; the CLI prints its message."""
-
-    exit_code = 1
-
-
-class ConfigError(GpuEffError):
-    exit_code = 9
-
-
-class UsageError(GpuEffError):
-    exit_code = 2
-
-
-class JobNotFound(GpuEffError):
-    exit_code = 3
-
-
-class NoGpus(GpuEffError):
-    exit_code = 4
-
-
-class NoSummary(GpuEffError):
-    exit_code = 5
-
-
-class SlurmError(GpuEffError):
-    exit_code = 6
-
-
-class StoreError(GpuEffError):
-    exit_code = 7
-
-
-class SpoolError(GpuEffError):
-    exit_code = 8
-
-
-class GpuAccessError(GpuEffError):
-    """NVML could not be used at all (no library, no driver, bad backend)."""
-
-
-class GpuLost(GpuAccessError):
-    """A GPU fell off the bus mid-job (NVML_ERROR_GPU_IS_LOST)."""
-
-
-class BindingError(GpuEffError):
-    """SLURM_JOB_GPUS names GPUs that cannot be resolved on this node."""
 
 
 @dataclass

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import COMPLETE, MISSING, PARTIAL, RUNNING, NoGpus, NoSummary, NodeSummary
+from .errors import NoGpus, NoSummary
+from .model import COMPLETE, MISSING, PARTIAL, RUNNING, NodeSummary
 from .slurm import SlurmJob
 
 IDLE_UTIL = 5.0  # percent: a GPU below this on average did no useful work

@@ -1,6 +1,7 @@
 """The per-job sampler: polls the job's GPUs, keeps streaming statistics, checkpoints.
 
-Started detached by the prolog (`python -m slurm_gpu_eff.sampler JOB_DIR`), stopped by
+Started detached by the prolog (`python -m slurm_gpu_eff.sampler JOB_DIR`), with the
+prolog's environment (SLURM_JOB_ID, SLURM_JOB_GPUS, SLURMD_NODENAME...), stopped by
 the epilog with SIGTERM, on which it takes a last reading, writes its summary and
 exits. Memory is constant whatever the job's length; a checkpoint reaches the spool at
 least every `checkpoint_s`, and a live copy goes to the store every `live_s` so a
@@ -21,8 +22,9 @@ from .config import Config, load_config
 from .gpu import Gpu, GpuSession, Reading
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .model import COMPLETE, MISSING, RUNNING, GpuEffError, GpuLost, GpuSummary, NodeSummary
-from .spool import Spool, read_json, write_json
+from .errors import GpuEffError, GpuLost
+from .model import COMPLETE, MISSING, RUNNING, GpuSummary, NodeSummary
+from .spool import Spool, write_json
 from .stats import Stat
 
 SUMMARY = "summary.json"
@@ -210,7 +212,7 @@ def spawn_delivery(config: Config, spool_root: str) -> subprocess.Popen[bytes]:
 
 def run(job_dir: str, config: Config) -> None:
     """The sampler process: never lets an exception escape without leaving a summary."""
-    job = JobContext.from_dict(read_json(os.path.join(job_dir, "job.json")))
+    job = JobContext.from_env(os.environ)  # the prolog's environment: Slurm's variables
     log = HookLog(config.log_for(job.node), job.job_id, "sampler")
     summary_path = os.path.join(job_dir, SUMMARY)
     stopper = Stopper()

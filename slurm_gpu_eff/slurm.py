@@ -12,7 +12,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from .model import JobNotFound, SlurmError, UsageError
+from .errors import JobNotFound, SlurmError, UsageError
 
 DELIMITER = "\x1f"  # ASCII unit separator: never in a job name a shell can type easily
 FIELDS = (

@@ -13,14 +13,15 @@ second, so a store that is down loses nothing: the next delivery takes them.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-from typing import Any
 
-from .model import NodeSummary, SpoolError
+from .errors import SpoolError
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+TYPE_CHECKING = False  # not typing's: importing typing costs the prolog milliseconds
+if TYPE_CHECKING:
+    from .model import NodeSummary
+
+_SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 
 class Spool:
@@ -57,11 +58,13 @@ class Spool:
 
 
 def _safe(text: str) -> str:
-    return _UNSAFE.sub("_", text) or "_"
+    return "".join(c if c in _SAFE else "_" for c in text) or "_"
 
 
-def write_json(path: str, data: Any) -> None:
+def write_json(path: str, data: object) -> None:
     """Atomically replace `path` with `data` as JSON; raises SpoolError (e.g. disk full)."""
+    import json  # here, not at the top: the prolog uses this module but never json (12 ms)
+
     directory = os.path.dirname(path)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
@@ -79,8 +82,10 @@ def write_json(path: str, data: Any) -> None:
         raise SpoolError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def read_json(path: str) -> Any:
+def read_json(path: str) -> object:
     """Read a spool file; SpoolError says whether it is missing or corrupt."""
+    import json
+
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
@@ -93,6 +98,8 @@ def read_json(path: str) -> Any:
 
 
 def read_summary(path: str) -> NodeSummary:
+    from .model import NodeSummary  # not at the top: the prolog does not need dataclasses
+
     data = read_json(path)
     if not isinstance(data, dict):
         raise SpoolError(f"{path} is corrupt: not a JSON object")

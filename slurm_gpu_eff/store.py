@@ -16,7 +16,8 @@ from typing import Any
 import sqlite_utils
 from sqlite_utils import Migrations
 
-from .model import GpuSummary, NodeSummary, StoreError
+from .errors import StoreError
+from .model import GpuSummary, NodeSummary
 
 migrations = Migrations("slurm-gpu-eff")
 

@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..config import load_config
-from ..model import GpuEffError
+from ..errors import GpuEffError
 from . import workload
 
 

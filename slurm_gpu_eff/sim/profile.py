@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import GpuEffError
+from ..errors import GpuEffError
 
 # Names shared by profiles and reports.
 METRICS = (

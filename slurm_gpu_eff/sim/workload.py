@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import Config
 from ..jobenv import parse_job_gpus
-from ..model import GpuEffError
+from ..errors import GpuEffError
 from . import nvml as sim
 from .profile import Profile, ProfileError, parse_profile
 

@@ -1,0 +1,162 @@
+"""slurm-gpu-eff benchmarks: `make bench` (or `.venv/bin/python bench/run.py`).
+
+Prints each figure with its target and a ratio against a baseline measured in the same
+run on the same machine, so the numbers travel between machines:
+- prolog wall time (median of 20) / bare interpreter start (`.venv/bin/python -c pass`);
+- sampler CPU per GPU-sample with 4 simulated GPUs, start-up excluded (the child's
+  rusage minus that of a sampler stopped after its first reading), / the bare cost of
+  the NVML calls it makes (same backend, in-process). At 1 s a 20 s run costs less CPU
+  than rusage resolves, so the loop runs at --interval (default 20 ms): the cost of a
+  reading does not depend on the interval, and the sampler blocks in select() between;
+- sampler RSS at the end of the run.
+GPUs are simulated (no GPU here); the simulated NVML computes each reading from a
+profile, so its calls cost more than the real driver's and the sampler figure is an
+upper bound for the sampler's own work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+PROLOG = str(REPO / "prolog" / "gpueff-prolog")
+GPUS = 4
+
+
+def setup(root: Path, interval: float) -> dict[str, str]:
+    """A config with 4 simulated GPUs busy under a profile; returns a Slurm-like env."""
+    devices = {"bench": [
+        {"minor": i, "uuid": f"GPU-bench000-0000-0000-0000-00000000000{i}", "name": "sim",
+         "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 70}
+        for i in range(GPUS)
+    ]}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "devices.json").write_text(json.dumps(devices))
+    state = root / "state" / "bench"
+    state.mkdir(parents=True)
+    profile = {"phases": [{"seconds": 3600, "gpus": {"*": {
+        "util": {"low": 0, "high": 100, "period_s": 2, "duty": 0.5},
+        "mem_util": 40, "mem_used_gib": 30, "power_w": 400}}}]}
+    for i in range(GPUS):
+        (state / f"gpu{i}.json").write_text(json.dumps({
+            "job_id": "1", "position": i, "profile": profile,
+            "started_at": time.time(), "ended_at": None, "prior_extra_j": 0}))
+    (root / "gpueff.conf").write_text(
+        f"[gpu]\nbackend = sim\n[sim]\ndevices = {root}/devices.json\nstate_dir = {root}/state\n"
+        f"[sampler]\ninterval_s = {interval}\ncheckpoint_s = 60\nlive_s = 3600\n"
+        f"[spool]\ndir = {root}/spool/%n\n[store]\npath = {root}/store.db\n"
+        f"[log]\nfile = {root}/log/%n.log\n[hooks]\npython = {PYTHON}\n"
+    )
+    return {
+        **os.environ, "GPUEFF_CONFIG": str(root / "gpueff.conf"), "SLURMD_NODENAME": "bench",
+        "SLURM_JOB_GPUS": ",".join(str(i) for i in range(GPUS)), "SLURM_CLUSTER_NAME": "bench",
+        "SLURM_JOB_USER": "bench",
+    }
+
+
+def median_wall(command: list[str], env: dict[str, str], runs: int, after=None) -> float:
+    times = []
+    for run in range(runs):
+        start = time.perf_counter()
+        subprocess.run(command, env={**env, "SLURM_JOB_ID": str(1000 + run)}, check=True)
+        times.append(time.perf_counter() - start)
+        if after:
+            after(run)
+    return statistics.median(times)
+
+
+def stop_samplers(spool: Path) -> None:
+    for pid_file in spool.glob("*/jobs/*/sampler.pid"):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def bench_prolog(root: Path, runs: int) -> tuple[float, float]:
+    env = setup(root / "prolog", 1.0)
+    bare = median_wall([PYTHON, "-c", "pass"], env, runs)
+    prolog = median_wall([PROLOG], env, runs)
+    time.sleep(0.5)
+    stop_samplers(root / "prolog" / "spool")
+    return prolog, bare
+
+
+def run_sampler(root: Path, env: dict[str, str], job_id: str, seconds: float) -> tuple[float, int, int]:
+    """Run a sampler as a child for `seconds`; returns (CPU s, GPU-samples, max RSS KiB)."""
+    job_dir = root / "spool" / "bench" / "jobs" / job_id
+    job_dir.mkdir(parents=True)
+    child = subprocess.Popen([PYTHON, "-I", "-m", "slurm_gpu_eff.sampler", str(job_dir)],
+                             env={**env, "SLURM_JOB_ID": job_id})
+    deadline = time.monotonic() + 30
+    while not (job_dir / "summary.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(seconds)
+    child.send_signal(signal.SIGTERM)
+    _, status, usage = os.wait4(child.pid, 0)
+    summary = json.loads((job_dir / "summary.json").read_text())
+    samples = sum(g["samples"] for g in summary["gpus"])
+    return usage.ru_utime + usage.ru_stime, samples, usage.ru_maxrss
+
+
+def bare_reads_cpu(env: dict[str, str], reads: int) -> float:
+    """CPU per GPU-sample of the NVML calls alone, in this process (the baseline)."""
+    os.environ["GPUEFF_CONFIG"] = env["GPUEFF_CONFIG"]
+    sys.path.insert(0, str(REPO))
+    from slurm_gpu_eff.config import load_config
+    from slurm_gpu_eff.gpu import load_nvml
+
+    nvml = load_nvml(load_config(), "bench")
+    nvml.nvmlInit()
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(GPUS)]
+    start = time.process_time()
+    for _ in range(reads // GPUS):
+        for h in handles:
+            nvml.nvmlDeviceGetUtilizationRates(h)
+            nvml.nvmlDeviceGetMemoryInfo(h)
+            nvml.nvmlDeviceGetPowerUsage(h)
+            nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    return (time.process_time() - start) / reads
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=20, help="prolog runs (median)")
+    parser.add_argument("--seconds", type=float, default=6, help="sampler run length")
+    parser.add_argument("--interval", type=float, default=0.02, help="sampler interval (s)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpueff-bench-") as tmp:
+        root = Path(tmp)
+        prolog, bare = bench_prolog(root, args.runs)
+        env = setup(root / "sampler", args.interval)
+        run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
+        idle_cpu, idle_samples, _ = run_sampler(root / "sampler", env, "11", 0.0)
+        cpu, samples, rss_kib = run_sampler(root / "sampler", env, "12", args.seconds)
+        per_sample = (cpu - idle_cpu) / max(1, samples - idle_samples)
+        baseline = bare_reads_cpu(env, 4000)
+    rows = [
+        ("prolog wall time (median)", f"{prolog * 1000:.1f} ms",
+         f"{prolog / bare:.2f}x bare start ({bare * 1000:.1f} ms)", "<= 3x", prolog / bare <= 3),
+        (f"sampler CPU per GPU-sample ({GPUS} GPUs)", f"{per_sample * 1000:.3f} ms",
+         f"{per_sample / baseline:.2f}x bare NVML reads ({baseline * 1000:.3f} ms)", "<= 1 ms",
+         per_sample <= 0.001),
+        ("sampler RSS", f"{rss_kib / 1024:.1f} MB", f"{samples} GPU-samples", "<= 40 MB",
+         rss_kib / 1024 <= 40),
+    ]
+    for name, value, ratio, target, ok in rows:
+        print(f"{name:36s} {value:>10s}  {ratio:45s} target {target:8s} {'ok' if ok else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The development Slurm cluster (scripts/cluster.sh), driven as its users would drive it.
+
+Jobs are submitted by unprivileged Unix users (alice, bob) with sbatch; their GPUs are
+simulated behind the pynvml API by `gpueff-sim run` inside the job. Nothing is mocked
+between sbatch and `gpueff --json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def cluster_env() -> dict[str, str]:
+    text = subprocess.run(
+        ["bash", "-c", f'eval "$(bash {REPO}/scripts/cluster.sh env)" && env -0'],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+class Cluster:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.dir = Path(env["GPUEFF_CLUSTER_DIR"])
+        self.work = self.dir / "tests"
+        self.work.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(self.work, 0o755)
+        self.sim = REPO / ".venv" / "bin" / "gpueff-sim"
+
+    def run(self, command: list[str], user: str | None = None, timeout: float = 120) -> Result:
+        """Run a command as root or, through runuser, as an unprivileged user."""
+        keep = {k: self.env[k] for k in ("SLURM_CONF", "GPUEFF_CONFIG", "PATH")}
+        if user:
+            command = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in keep.items()),
+                       *command]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env={**self.env, **keep}, cwd=self.work)
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.work / f"{uuid.uuid4().hex[:8]}-{name}"
+        path.write_text(text)
+        path.chmod(0o644)
+        return path
+
+    def profile(self, phases: list[dict[str, Any]]) -> Path:
+        return self.write("profile.json", json.dumps({"phases": phases}))
+
+    def submit(self, user: str, body: str, *args: str) -> str:
+        """sbatch a script as `user`; returns the job id. Output goes to the shared work dir."""
+        script = self.write("job.sh", "#!/bin/sh\n" + body + "\n")
+        out = self.work / f"slurm-%j-{uuid.uuid4().hex[:6]}.out"
+        result = self.run(["sbatch", "--parsable", "--mem=200M", f"--output={out}", *args,
+                           str(script)], user=user)
+        assert result.code == 0, f"sbatch failed: {result.err}"
+        return result.out.strip().split(";")[0]
+
+    def submit_profile(self, user: str, profile: Path, *args: str, before: str = "") -> str:
+        body = (f"{before}\necho SLURM_JOB_GPUS=$SLURM_JOB_GPUS "
+                f"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\n"
+                f"exec {shlex.quote(str(self.sim))} run {shlex.quote(str(profile))}")
+        return self.submit(user, body, *args)
+
+    def output(self, job_id: str) -> str:
+        files = list(self.work.glob(f"slurm-{job_id}-*.out"))
+        return files[0].read_text() if files else ""
+
+    def state(self, job_id: str) -> str:
+        result = self.run(["sacct", "-X", "-n", "-P", "-j", job_id, "--format=State"])
+        return (result.out.split() or ["UNKNOWN"])[0]
+
+    def in_queue(self, job_id: str) -> bool:
+        result = self.run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+        return bool(result.out.strip())
+
+    def wait_state(self, job_id: str, states: set[str], timeout: float = 90) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            state = self.state(job_id)
+            if state in states:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} not in {states} after {timeout} s: {self.state(job_id)}")
+
+    def wait_done(self, job_id: str, timeout: float = 120) -> str:
+        """Wait until the job has left the queue: its epilogs have finished on every node."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self.in_queue(job_id) and self.state(job_id) in FINAL_STATES:
+                return self.state(job_id)
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} did not finish within {timeout} s")
+
+    def gpueff(self, job_id: str, user: str = "alice", *args: str) -> Result:
+        return self.run(["gpueff", job_id, *args], user=user)
+
+    def node_state(self, node: str) -> str:
+        return self.run(["sinfo", "-h", "-n", node, "-o", "%T"]).out.strip()
+
+    def spool(self, node: str) -> Path:
+        return self.dir / "spool" / node
+
+    def sim_state(self, node: str, minor: int) -> dict[str, Any]:
+        return json.loads((self.dir / "sim" / "state" / node / f"gpu{minor}.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    try:
+        env = cluster_env()
+        up = subprocess.run(["sinfo", "-h"], env=env, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        up = False
+    if not up:
+        message = "the development cluster is not running (make cluster)"
+        if os.environ.get("GPUEFF_REQUIRE_CLUSTER"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return Cluster(env)

@@ -1,0 +1,178 @@
+"""sbatch -> prolog -> sampler -> epilog -> store -> `gpueff`, on the real development cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from typing import Any
+
+import pytest
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.cluster
+
+NODE = "gpu1"
+IDLE = {"util": 0.0, "power_w": 70.0}  # the dev cluster's idle H100 (scripts/cluster.sh)
+
+
+def window_truth(
+    phases: list[tuple[float, dict[str, float]]], metric: str,
+    started: float, ended: float, t0: float, t1: float,
+) -> float:
+    """Mean of a constant-phase profile over wall time [t0, t1], idle outside the workload."""
+    total, covered, start = 0.0, 0.0, started
+    for seconds, values in phases:
+        lo, hi = max(t0, start), min(t1, start + seconds, ended)
+        if hi > lo:
+            total += values.get(metric, IDLE[metric]) * (hi - lo)
+            covered += hi - lo
+        start += seconds
+    return (total + IDLE[metric] * ((t1 - t0) - covered)) / (t1 - t0)
+
+
+def node_summary(cluster: Cluster, job_id: str) -> dict[str, Any]:
+    import json
+
+    db = sqlite3.connect(f"file:{cluster.dir}/store/gpueff.db?mode=ro", uri=True)
+    rows = db.execute("select body from node_summaries where job_id = ?", (job_id,)).fetchall()
+    assert len(rows) == 1, rows
+    return json.loads(rows[0][0])
+
+
+def test_two_gpu_job_reports_the_profiles_truth(cluster: Cluster) -> None:
+    gpu0 = [(15, {"util": 80, "power_w": 400}), (8, {"util": 100, "power_w": 600})]
+    gpu1 = [(15, {"util": 80, "power_w": 400}), (8, {"util": 10, "power_w": 150})]
+    profile = cluster.profile([
+        {"seconds": 15, "gpus": {"*": {"util": 80, "power_w": 400, "mem_used_gib": 30}}},
+        {"seconds": 8, "gpus": {"0": {"util": 100, "power_w": 600},
+                                "1": {"util": 10, "power_w": 150}}},
+    ])
+    job = cluster.submit_profile("alice", profile, "--gres=gpu:2", "-J", "known-averages")
+    assert cluster.wait_done(job) == "COMPLETED"
+    report = cluster.gpueff(job, "alice", "--json")
+    assert report.code == 0, report.err
+    data = report.json()
+    summary = node_summary(cluster, job)
+    job_gpus = [int(i) for i in summary["job_gpus"].split(",")]
+    assert f"SLURM_JOB_GPUS={summary['job_gpus']}" in cluster.output(job)
+
+    assert data["job_id"] == job and data["user"] == "alice" and data["state"] == "COMPLETED"
+    assert data["gpu_status"] == "complete"
+    assert [(g["node"], g["minor"]) for g in data["gpus"]] == [(NODE, m) for m in job_gpus]
+    t0, t1 = summary["sampled_from"], summary["sampled_until"]
+    for position, (gpu, phases) in enumerate(zip(data["gpus"], (gpu0, gpu1), strict=True)):
+        state = cluster.sim_state(NODE, gpu["minor"])
+        assert state["job_id"] == job and state["position"] == position
+        util = window_truth(phases, "util", state["started_at"], state["ended_at"], t0, t1)
+        power = window_truth(phases, "power_w", state["started_at"], state["ended_at"], t0, t1)
+        assert abs(gpu["util_mean"] - util) <= 2.0, (gpu, util)
+        assert abs(gpu["power_mean_w"] - power) <= 0.05 * power, (gpu, power)
+        assert gpu["mem_used_max_bytes"] == 30 * 1024**3
+        assert gpu["mem_total_bytes"] == 80 * 1024**3
+        assert gpu["samples"] >= 20 and gpu["uuid"].startswith("GPU-")
+        assert abs(gpu["energy_j"] - power * (t1 - t0)) <= 0.05 * power * (t1 - t0)
+    # The node's other GPUs were not sampled: only the job's GPUs are in the summary.
+    assert sorted(g["minor"] for g in summary["gpus"]) == sorted(job_gpus)
+    assert data["gpu_hours_allocated"] == pytest.approx(2 * data["elapsed_s"] / 3600)
+    assert data["cpu_efficiency"] is not None and data["mem_efficiency"] is not None
+
+    text = cluster.gpueff(job, "alice")
+    assert text.code == 0
+    assert f"Job ID: {job}" in text.out and "GPU Utilisation:" in text.out
+    assert "CPU Efficiency:" in text.out and "Memory Efficiency:" in text.out
+
+
+def test_job_on_the_second_gpu_is_reported_on_minor_1(cluster: Cluster) -> None:
+    blocker = cluster.submit("bob", "sleep 120", "--gres=gpu:1", "-J", "blocker")
+    cluster.wait_state(blocker, {"RUNNING"})
+    try:
+        profile = cluster.profile([{"seconds": 10, "gpus": {"*": {"util": 70}}}])
+        job = cluster.submit_profile("alice", profile, "--gres=gpu:1")
+        assert cluster.wait_done(job) == "COMPLETED"
+    finally:
+        cluster.run(["scancel", blocker])
+    # Inside the job, CUDA numbering starts at 0 again; Slurm's node-level index does not.
+    assert "SLURM_JOB_GPUS=1 CUDA_VISIBLE_DEVICES=0" in cluster.output(job)
+    data = cluster.gpueff(job, "alice", "--json").json()
+    assert [g["minor"] for g in data["gpus"]] == [1]
+    assert data["gpus"][0]["util_mean"] > 50
+
+
+def test_killed_sampler_gives_partial_figures_and_a_healthy_node(cluster: Cluster) -> None:
+    profile = cluster.profile([{"seconds": 16, "gpus": {"*": {"util": 60, "power_w": 300}}}])
+    job = cluster.submit_profile("alice", profile, "--gres=gpu:1")
+    cluster.wait_state(job, {"RUNNING"})
+    job_dir = cluster.spool(NODE) / "jobs" / job
+    deadline = time.monotonic() + 30
+    while not (job_dir / "summary.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(4)  # let a checkpoint or two with real load land
+    pid = int((job_dir / "sampler.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+
+    assert cluster.wait_done(job) == "COMPLETED"
+    assert "drain" not in cluster.node_state(NODE)
+    data = cluster.gpueff(job, "alice", "--json").json()
+    assert data["gpu_status"] == "partial"
+    assert any("stopped unexpectedly" in note for note in data["notes"])
+    assert data["sampled_until"] <= killed_at
+    assert data["gpus"][0]["samples"] > 0 and data["gpus"][0]["util_mean"] > 30
+    text = cluster.gpueff(job, "alice").out
+    assert "partial" in text and "stopped unexpectedly" in text
+
+
+def test_running_job_shows_figures_so_far(cluster: Cluster) -> None:
+    profile = cluster.profile([{"seconds": 25, "gpus": {"*": {"util": 90}}}])
+    job = cluster.submit_profile("bob", profile, "--gres=gpu:1")
+    cluster.wait_state(job, {"RUNNING"})
+    deadline = time.monotonic() + 30
+    data: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        result = cluster.gpueff(job, "bob", "--json")
+        if result.code == 0:
+            data = result.json()
+            if data["gpus"] and data["gpus"][0]["util_mean"] and data["gpus"][0]["util_mean"] > 50:
+                break
+        time.sleep(1)
+    assert data.get("gpu_status") == "running", data
+    assert data["state"] == "RUNNING" and data["gpus"][0]["samples"] > 0
+    cluster.run(["scancel", job])
+    cluster.wait_done(job)
+
+
+def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
+    """The epilog cannot reach the store: the summary waits in the outbox, then arrives."""
+    profile = cluster.profile([{"seconds": 4, "gpus": {"*": {"util": 55}}}])
+    store = sqlite3.connect(cluster.dir / "store" / "gpueff.db", timeout=30)
+    job = cluster.submit_profile("alice", profile, "--gres=gpu:1")
+    cluster.wait_state(job, {"RUNNING"})
+    store.execute("begin exclusive")  # the store is "down" (locked) until we let go
+    try:
+        assert cluster.wait_done(job) == "COMPLETED"
+        pending = list((cluster.spool(NODE) / "outbox").glob(f"*-{job}-{NODE}.json*"))
+        assert pending, "the summary should wait in the outbox"
+    finally:
+        store.rollback()
+        store.close()
+    missing = cluster.gpueff(job, "alice")
+    assert missing.code == 5 and "no GPU figures stored" in missing.err
+    delivered = cluster.run(["gpueff", "deliver", "--node", NODE])
+    assert delivered.code == 0, delivered.err
+    data = cluster.gpueff(job, "alice", "--json").json()
+    assert data["gpu_status"] == "complete" and abs(data["gpu_util_mean"] - 55) < 10
+
+
+def test_clear_errors_for_unknown_job_and_job_without_gpus(cluster: Cluster) -> None:
+    unknown = cluster.gpueff("987654", "alice")
+    assert unknown.code == 3 and unknown.err.count("\n") == 1 and "987654" in unknown.err
+    bad = cluster.gpueff("12;rm -rf /", "alice")
+    assert bad.code == 2 and "not a Slurm job id" in bad.err
+    cpu_job = cluster.submit("alice", "true")
+    cluster.wait_done(cpu_job)
+    none = cluster.gpueff(cpu_job, "alice")
+    assert none.code == 4 and "has no GPUs" in none.err
+    assert "Traceback" not in unknown.err + bad.err + none.err
