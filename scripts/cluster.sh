@@ -106,6 +106,10 @@ prepare_dir() {
   install -d -m 0755 "$DIR" "$ETC" "$RUN" "$LOG" "$DIR/slurm" \
     "$DIR/slurm/ctld" "$DIR/nodes" "$DIR/sim" "$DIR/store" "$DIR/spool"
   install -d -m 1777 "$DIR/sim/state" # jobs of unprivileged users write here
+  # One dir per node, writable by all and NOT sticky: a job of bob's must be able to
+  # replace (rename over) the state file that a job of alice's left on the same GPU.
+  local node
+  for node in $(node_names); do install -d -m 0777 "$DIR/sim/state/$node"; done
   touch "$MARKER"
 }
 

@@ -27,6 +27,15 @@ def gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1024**3:.1f}"
 
 
+def size(value: float | None) -> str:
+    """Bytes for people: MiB under a GiB, GiB above."""
+    if value is None:
+        return "n/a"
+    if value < 1024**3:
+        return f"{value / 1024**2:.1f} MiB"
+    return f"{value / 1024**3:.2f} GiB"
+
+
 def hms(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
@@ -62,7 +71,7 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(
-        clean=clean, pct=pct, gib=gib, hms=hms, watts=watts, joules=joules, clocktime=clocktime
+        clean=clean, pct=pct, gib=gib, size=size, hms=hms, watts=watts, joules=joules, clocktime=clocktime
     )
     return env
 

@@ -117,6 +117,9 @@ def build_report(job: SlurmJob, summaries: list[NodeSummary]) -> JobReport:
     for s in summaries:
         if s.status in (PARTIAL, MISSING):
             notes.append(f"{s.node}: {s.status}: {s.reason}")
+        elif s.status == RUNNING and not job.running:
+            notes.append(f"{s.node}: the final summary has not been delivered yet; figures up "
+                         f"to {clock(s.sampled_until)} from a live snapshot")
     if missing_nodes and not job.running:
         notes.append(f"no summary from node(s) {', '.join(missing_nodes)}: their figures are missing")
     for g in gpus:
@@ -127,7 +130,7 @@ def build_report(job: SlurmJob, summaries: list[NodeSummary]) -> JobReport:
 
 def _status(job: SlurmJob, summaries: list[NodeSummary], missing_nodes: list[str]) -> str:
     statuses = {s.status for s in summaries}
-    if job.running or RUNNING in statuses:
+    if job.running:
         return RUNNING
     if statuses == {COMPLETE} and not missing_nodes:
         return COMPLETE

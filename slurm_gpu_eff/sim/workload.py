@@ -93,16 +93,20 @@ class Publisher:
         ended: float | None, prior: float,
     ) -> None:
         path = sim.state_path(self.state_dir, self.node, minor)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         state = {
             "job_id": self.job_id, "position": position, "profile": profile.raw,
             "started_at": started, "ended_at": ended, "prior_extra_j": prior,
         }
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(state, handle)
-        os.chmod(tmp, 0o666)
-        os.replace(tmp, path)  # readers never see half a file
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump(state, handle)
+            os.replace(tmp, path)  # readers never see half a file
+        except OSError as exc:
+            raise GpuEffError(
+                f"cannot publish the simulated GPU's state in {os.path.dirname(path)}: "
+                f"{exc.strerror} (it must exist and be writable by every user, not sticky)"
+            ) from exc
 
 
 def _device_specs(path: str, node: str) -> dict[int, dict[str, Any]]:

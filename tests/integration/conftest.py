@@ -46,8 +46,8 @@ class Cluster:
         self.env = env
         self.dir = Path(env["GPUEFF_CLUSTER_DIR"])
         self.work = self.dir / "tests"
-        self.work.mkdir(mode=0o755, exist_ok=True)
-        os.chmod(self.work, 0o755)
+        self.work.mkdir(exist_ok=True)
+        os.chmod(self.work, 0o1777)  # like /tmp: every test user writes its job output here
         self.sim = REPO / ".venv" / "bin" / "gpueff-sim"
 
     def run(self, command: list[str], user: str | None = None, timeout: float = 120) -> Result:
@@ -102,6 +102,8 @@ class Cluster:
             state = self.state(job_id)
             if state in states:
                 return state
+            if state in FINAL_STATES:
+                break
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} not in {states} after {timeout} s: {self.state(job_id)}")
 
