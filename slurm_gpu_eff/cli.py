@@ -41,7 +41,9 @@ def deliver_parser() -> argparse.ArgumentParser:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="config file (default: $GPUEFF_CONFIG or /etc/slurm-gpu-eff/gpueff.conf)")
+    parser.add_argument(
+        "--config", help="config file (default: $GPUEFF_CONFIG or /etc/slurm-gpu-eff/gpueff.conf)"
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
 
 

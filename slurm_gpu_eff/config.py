@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+
 from .errors import ConfigError
 
 DEFAULT_PATH = "/etc/slurm-gpu-eff/gpueff.conf"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from .errors import BindingError
+
 TYPE_CHECKING = False  # not typing's: importing typing costs the prolog milliseconds
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-from .errors import BindingError
 
 _HEX = set("0123456789abcdefABCDEF-")
 MAX_GPUS_PER_NODE = 1024  # a range wider than this is garbage, not a node

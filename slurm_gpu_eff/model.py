@@ -11,8 +11,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import (  # noqa: F401  re-exported: the package's vocabulary in one place
-    BindingError, ConfigError, GpuAccessError, GpuEffError, GpuLost, JobNotFound, NoGpus,
-    NoSummary, SlurmError, SpoolError, StoreError, UsageError,
+    BindingError,
+    ConfigError,
+    GpuAccessError,
+    GpuEffError,
+    GpuLost,
+    JobNotFound,
+    NoGpus,
+    NoSummary,
+    SlurmError,
+    SpoolError,
+    StoreError,
+    UsageError,
 )
 
 SUMMARY_VERSION = 1

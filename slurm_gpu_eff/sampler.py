@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 
 from .config import Config, load_config
+from .errors import GpuEffError, GpuLost
 from .gpu import Gpu, GpuSession, Reading
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .errors import GpuEffError, GpuLost
 from .model import COMPLETE, MISSING, RUNNING, GpuSummary, NodeSummary
 from .spool import Spool, write_json
 from .stats import Stat

@@ -101,7 +101,7 @@ def parse_rows(text: str) -> list[dict[str, str]]:
             continue
         if count > len(FIELDS):
             raise SlurmError(f"sacct returned {count} columns, expected {len(FIELDS)}")
-        rows.append(dict(zip(FIELDS, pending.split(DELIMITER))))
+        rows.append(dict(zip(FIELDS, pending.split(DELIMITER), strict=True)))
         pending = ""
     if pending.strip():
         raise SlurmError("sacct output ended in the middle of a row")

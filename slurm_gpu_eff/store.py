@@ -83,7 +83,7 @@ class Store:
             raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
 
     def _node_row(self, cluster: str, job_id: str, node: str) -> dict[str, Any] | None:
-        rows = list(self.db["node_summaries"].rows_where(  # type: ignore[union-attr]
+        rows = list(self.db["node_summaries"].rows_where(
             "cluster = ? and job_id = ? and node = ?", [cluster, job_id, node],
             select="status, sampled_until",
         ))
@@ -94,7 +94,7 @@ class Store:
         if cluster:
             where, args = where + " and cluster = ?", args + [cluster]
         try:
-            rows = self.db["node_summaries"].rows_where(where, args, order_by="node")  # type: ignore[union-attr]
+            rows = self.db["node_summaries"].rows_where(where, args, order_by="node")
             return [NodeSummary.from_dict(json.loads(r["body"])) for r in rows]
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc

@@ -121,7 +121,7 @@ def parse_profile(data: Any) -> Profile:
         if not isinstance(item, dict):
             raise ProfileError(f"{where}: not an object")
         seconds = item.get("seconds")
-        if not _is_number(seconds) or seconds <= 0:
+        if not isinstance(seconds, (int, float)) or not _is_number(seconds) or seconds <= 0:
             raise ProfileError(f"{where}: 'seconds' must be a number > 0")
         gpus = item.get("gpus", {})
         if not isinstance(gpus, dict):

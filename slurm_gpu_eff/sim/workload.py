@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import Config
-from ..jobenv import parse_job_gpus
 from ..errors import GpuEffError
+from ..jobenv import parse_job_gpus
 from . import nvml as sim
 from .profile import Profile, ProfileError, parse_profile
 
