@@ -29,6 +29,7 @@ class Config:
         gpu_backend: str = "nvml",  # "nvml" (pynvml) or "sim" (simulated GPUs)
         sim_devices: str = "",
         sim_state_dir: str = "",
+        sim_time_scale: float = 1.0,  # simulated seconds per wall-clock second
         interval_s: float = 1.0,
         checkpoint_s: float = 60.0,
         live_s: float = 300.0,  # how often a running job's figures reach the store
@@ -44,6 +45,7 @@ class Config:
         self.gpu_backend = gpu_backend
         self.sim_devices = sim_devices
         self.sim_state_dir = sim_state_dir
+        self.sim_time_scale = sim_time_scale
         self.interval_s = interval_s
         self.checkpoint_s = checkpoint_s
         self.live_s = live_s
@@ -71,6 +73,7 @@ _KEYS = [
     ("gpu", "backend", "gpu_backend", str),
     ("sim", "devices", "sim_devices", str),
     ("sim", "state_dir", "sim_state_dir", str),
+    ("sim", "time_scale", "sim_time_scale", float),
     ("sampler", "interval_s", "interval_s", float),
     ("sampler", "checkpoint_s", "checkpoint_s", float),
     ("sampler", "live_s", "live_s", float),

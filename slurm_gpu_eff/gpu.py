@@ -8,6 +8,8 @@ supported" into None (not measured, never zero), and GPU_IS_LOST into GpuLost.
 from __future__ import annotations
 
 import importlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -21,7 +23,7 @@ def load_nvml(config: Config, node: str) -> ModuleType:
     if config.gpu_backend == "sim":
         from .sim import nvml as simulated
 
-        simulated.configure(config.sim_devices, config.sim_state_dir, node)
+        simulated.configure(config.sim_devices, config.sim_state_dir, node, config.sim_time_scale)
         return simulated
     try:
         return importlib.import_module("pynvml")
@@ -29,15 +31,40 @@ def load_nvml(config: Config, node: str) -> ModuleType:
         raise GpuAccessError("pynvml is not installed (pip install nvidia-ml-py)") from exc
 
 
+# GPM metric ids (nvml.h) -> our names; PCIe/NVLink in MiB/s, the rest in percent.
+GPM_METRICS = {
+    2: "sm_active", 3: "sm_occupancy", 5: "tensor_active", 10: "dram_active",
+    11: "fp64_active", 12: "fp32_active", 13: "fp16_active", 20: "pcie_tx_mbps",
+    21: "pcie_rx_mbps", 60: "nvlink_rx_mbps", 61: "nvlink_tx_mbps",
+}
+# Clock-event reason bits (nvmlClocksEventReason*) a user or admin needs to know about.
+THROTTLE_REASONS = {
+    "power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
+    "power_brake": 0x80,
+}
+GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES = 1, 2
+XID_EVENT = 0x8
+
+
 @dataclass
 class Reading:
-    """One poll of one GPU; None means not measured."""
+    """One poll of one GPU; None means not measured (not supported), never zero."""
 
+    time: float
     util: float | None
     mem_util: float | None
     mem_used_bytes: float | None
     power_w: float | None
     energy_mj: int | None
+    # Driver samples since the last poll, (value, seconds each stands for): lossless.
+    util_samples: list[tuple[float, float]] | None = None
+    mem_util_samples: list[tuple[float, float]] | None = None
+    gpm: dict[str, float] | None = None  # GPM means since the last poll
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    throttle_mask: int | None = None
+    processes: int | None = None
+    ecc_uncorrected: int | None = None
 
 
 def _text(value: Any) -> str:
@@ -45,14 +72,21 @@ def _text(value: Any) -> str:
 
 
 class Gpu:
-    """One NVML device bound to a job, read through a cache of what it cannot do."""
+    """One NVML device (or MIG instance) bound to a job, read through a cache of what it
+    cannot do."""
 
-    def __init__(self, nvml: ModuleType, handle: Any, index: int, minor: int, uuid: str) -> None:
+    def __init__(
+        self, nvml: ModuleType, handle: Any, index: int, minor: int, uuid: str,
+        clock: Callable[[], float] = time.time, parent: Any = None, gi_id: int | None = None,
+    ) -> None:
         self.nvml = nvml
         self.handle = handle
         self.index = index
         self.minor = minor
         self.uuid = uuid
+        self.clock = clock
+        self.parent = parent  # the whole GPU's handle, for a MIG instance
+        self.gi_id = gi_id
         self.unsupported: set[str] = set()
         self.errors: list[str] = []
         self.name = self._call("nvmlDeviceGetName")
@@ -62,14 +96,24 @@ class Gpu:
         self.power_limit_w = None if limit is None else limit / 1000.0
         if self.name is not None:
             self.name = _text(self.name)
+        self.bound_at = self.clock()
+        # None until the first call, which takes the driver's buffer as its baseline.
+        self.last_sample_us: dict[int, int | None] = {
+            GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
+        }
+        self.gpm = self._gpm_start()
 
-    def _call(self, function: str, *args: Any) -> Any:
+    @property
+    def is_mig(self) -> bool:
+        return self.parent is not None
+
+    def _call(self, function: str, *args: Any, handle: Any = None) -> Any:
         """Call an NVML function; None when this GPU does not support it."""
         if function in self.unsupported:
             return None
         nvml = self.nvml
         try:
-            return getattr(nvml, function)(self.handle, *args)
+            return getattr(nvml, function)(self.handle if handle is None else handle, *args)
         except nvml.NVMLError_GpuIsLost as exc:
             raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError):
@@ -81,17 +125,144 @@ class Gpu:
                 self.errors.append(f"{function}: {exc}")
             return None
 
+    def _gpm_start(self) -> Any:
+        """Two GPM sample buffers, the first one taken; None where GPM is not there."""
+        whole = self.parent if self.is_mig else self.handle
+        support = self._call("nvmlGpmQueryDeviceSupport", handle=whole)
+        if support is None or not support.isSupportedDevice:
+            return None
+        try:
+            samples = [self.nvml.nvmlGpmSampleAlloc(), self.nvml.nvmlGpmSampleAlloc()]
+            self._gpm_take(samples[0])
+        except self.nvml.NVMLError:
+            return None
+        return samples
+
+    def _gpm_take(self, sample: Any) -> None:
+        if self.is_mig:
+            self.nvml.nvmlGpmMigSampleGet(self.parent, self.gi_id, sample)
+        else:
+            self.nvml.nvmlGpmSampleGet(self.handle, sample)
+
+    def _gpm_read(self) -> dict[str, float] | None:
+        if self.gpm is None:
+            return None
+        nvml = self.nvml
+        first, second = self.gpm
+        try:
+            self._gpm_take(second)
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1, request.sample2 = first, second
+            for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
+                slot.metricId = metric_id
+            nvml.nvmlGpmMetricsGet(request)
+        except nvml.NVMLError_GpuIsLost as exc:
+            raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
+        except nvml.NVMLError as exc:
+            if len(self.errors) < 20:
+                self.errors.append(f"GPM: {exc}")
+            return None
+        self.gpm = [second, first]  # the newest sample starts the next interval
+        return {
+            GPM_METRICS[m.metricId]: float(m.value)
+            for m in request.metrics[: len(GPM_METRICS)] if m.nvmlReturn == 0
+        }
+
+    def _samples(self, kind: int) -> list[tuple[float, float]] | None:
+        """Every driver sample since the last call, each weighted by the time it covers."""
+        if self.is_mig or "nvmlDeviceGetSamples" in self.unsupported:
+            return None
+        last = self.last_sample_us[kind]
+        try:
+            _, samples = self.nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
+        except self.nvml.NVMLError_NotFound:
+            return []  # nothing newer yet
+        except self.nvml.NVMLError_GpuIsLost as exc:
+            raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
+        except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_FunctionNotFound):
+            self.unsupported.add("nvmlDeviceGetSamples")
+            return None
+        except self.nvml.NVMLError:
+            return []
+        if last is None:
+            last = self._baseline([int(s.timeStamp) for s in samples])
+        stamps = [int(s.timeStamp) for s in samples if int(s.timeStamp) > last]
+        if not stamps:
+            self.last_sample_us[kind] = last
+            return []
+        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        period = min(gaps) if gaps else stamps[0] - last
+        out = []
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            if stamp <= last:
+                continue
+            # A window never counts for more than one driver period: samples the buffer
+            # dropped between two polls stay unmeasured, not stretched over.
+            out.append((float(sample.sampleValue.uiVal), min(stamp - last, period) / 1e6))
+            last = stamp
+        self.last_sample_us[kind] = last
+        return out
+
+    def _baseline(self, stamps: list[int]) -> int:
+        """Where the job's samples begin. The driver's timestamps are epoch microseconds:
+        keep what came after binding. Should a driver count from elsewhere, start from
+        its newest sample rather than take history that is not the job's."""
+        newest = max(stamps, default=0)
+        if abs(newest / 1e6 - self.bound_at) < 86400:
+            return int(self.bound_at * 1e6)
+        return newest
+
     def read(self) -> Reading:
-        rates = self._call("nvmlDeviceGetUtilizationRates")
+        now = self.clock()
         memory = self._call("nvmlDeviceGetMemoryInfo")
+        processes = self._call("nvmlDeviceGetComputeRunningProcesses")
+        if self.is_mig:  # NVML has no utilisation, power or clocks for a MIG instance
+            return Reading(
+                time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
+                mem_used_bytes=None if memory is None else float(memory.used),
+                gpm=self._gpm_read(), processes=None if processes is None else len(processes),
+            )
+        util_samples = self._samples(GPU_UTILIZATION_SAMPLES)
+        mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
+        rates = self._call("nvmlDeviceGetUtilizationRates") if util_samples is None else None
         power = self._call("nvmlDeviceGetPowerUsage")
+        temp = self._call("nvmlDeviceGetTemperature", 0)  # NVML_TEMPERATURE_GPU
+        clock = self._call("nvmlDeviceGetClockInfo", 1)  # NVML_CLOCK_SM
         return Reading(
-            util=None if rates is None else float(rates.gpu),
-            mem_util=None if rates is None else float(rates.memory),
+            time=now,
+            util=_latest(util_samples, rates, "gpu"),
+            mem_util=_latest(mem_samples, rates, "memory"),
             mem_used_bytes=None if memory is None else float(memory.used),
             power_w=None if power is None else power / 1000.0,
             energy_mj=self._call("nvmlDeviceGetTotalEnergyConsumption"),
+            util_samples=util_samples,
+            mem_util_samples=mem_samples,
+            gpm=self._gpm_read(),
+            temp_c=None if temp is None else float(temp),
+            sm_clock_mhz=None if clock is None else float(clock),
+            throttle_mask=self._call("nvmlDeviceGetCurrentClocksEventReasons"),
+            processes=None if processes is None else len(processes),
+            ecc_uncorrected=self._call("nvmlDeviceGetTotalEccErrors", 1, 0),  # uncorrected, volatile
         )
+
+    def close(self) -> None:
+        for sample in self.gpm or []:
+            try:
+                self.nvml.nvmlGpmSampleFree(sample)
+            except self.nvml.NVMLError:
+                pass
+        self.gpm = None
+
+
+def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -> float | None:
+    if samples:
+        return samples[-1][0]
+    if rates is not None:
+        return float(getattr(rates, field))
+    return None
 
 
 class GpuSession:
@@ -99,23 +270,29 @@ class GpuSession:
 
     def __init__(self, config: Config, node: str) -> None:
         self.nvml = load_nvml(config, node)
+        self.time_scale = config.sim_time_scale if config.gpu_backend == "sim" else 1.0
+        self.clock: Callable[[], float] = getattr(self.nvml, "now", time.time)
+        self.gpus: list[Gpu] = []
+        self.events: Any = None
         try:
             self.nvml.nvmlInit()
         except self.nvml.NVMLError as exc:
             raise GpuAccessError(f"NVML cannot start: {exc}") from exc
 
     def bind(self, wanted: list[int | str]) -> list[Gpu]:
-        """Resolve Slurm's node-level indexes (= device minors) or UUIDs to devices."""
+        """Resolve Slurm's node-level indexes (= device minors) or GPU/MIG UUIDs to devices."""
         nvml = self.nvml
         by_minor: dict[int, tuple[Any, str]] = {}
-        by_uuid: dict[str, tuple[Any, int]] = {}
+        by_uuid: dict[str, tuple[Any, int, Any, int | None]] = {}
         try:
             for i in range(nvml.nvmlDeviceGetCount()):
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
                 minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
                 by_minor[minor] = (handle, uuid)
-                by_uuid[uuid] = (handle, minor)
+                by_uuid[uuid] = (handle, minor, None, None)
+                if any(isinstance(w, str) and w.startswith("MIG-") for w in wanted):
+                    by_uuid.update(self._mig_instances(handle, minor))
         except nvml.NVMLError as exc:
             raise GpuAccessError(f"NVML cannot list GPUs: {exc}") from exc
         gpus = []
@@ -124,16 +301,68 @@ class GpuSession:
                 if item not in by_minor:
                     raise BindingError(f"no GPU with minor number {item} on this node")
                 handle, uuid = by_minor[item]
-                gpus.append(Gpu(nvml, handle, item, item, uuid))
+                gpus.append(Gpu(nvml, handle, item, item, uuid, self.clock))
             else:
                 if item not in by_uuid:
-                    raise BindingError(f"no GPU with UUID {item} on this node")
-                handle, minor = by_uuid[item]
-                gpus.append(Gpu(nvml, handle, minor, minor, item))
+                    raise BindingError(f"no GPU or MIG instance with UUID {item} on this node")
+                handle, minor, parent, gi_id = by_uuid[item]
+                gpus.append(Gpu(nvml, handle, minor, minor, item, self.clock, parent, gi_id))
+        self.gpus = gpus
+        self.events = self._watch_xid(gpus)
         return gpus
 
-    def close(self) -> None:
+    def _mig_instances(self, handle: Any, minor: int) -> dict[str, tuple[Any, int, Any, int | None]]:
+        nvml = self.nvml
+        found: dict[str, tuple[Any, int, Any, int | None]] = {}
         try:
+            if nvml.nvmlDeviceGetMigMode(handle)[0] != 1:
+                return found
+            for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+                except nvml.NVMLError_NotFound:
+                    continue
+                gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+                found[_text(nvml.nvmlDeviceGetUUID(mig))] = (mig, minor, handle, gi_id)
+        except nvml.NVMLError:
+            pass  # no MIG on this GPU (or a driver without it)
+        return found
+
+    def _watch_xid(self, gpus: list[Gpu]) -> Any:
+        """An event set for XID errors on the job's GPUs (whole GPUs: XIDs are per board)."""
+        nvml = self.nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            for gpu in gpus:
+                nvml.nvmlDeviceRegisterEvents(gpu.parent or gpu.handle, XID_EVENT, events)
+            return events
+        except (nvml.NVMLError, AttributeError):
+            return None
+
+    def xid_events(self) -> list[tuple[str, int]]:
+        """(GPU UUID, XID code) of every event since the last call; never blocks."""
+        if self.events is None:
+            return []
+        nvml = self.nvml
+        found = []
+        for _ in range(64):  # bounded: a storm of events must not stall the sampler
+            try:
+                event = nvml.nvmlEventSetWait_v2(self.events, 0)
+            except nvml.NVMLError:
+                break  # Timeout: nothing pending
+            try:
+                uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+            except nvml.NVMLError:
+                uuid = "?"
+            found.append((uuid, int(event.eventData)))
+        return found
+
+    def close(self) -> None:
+        for gpu in self.gpus:
+            gpu.close()
+        try:
+            if self.events is not None:
+                self.nvml.nvmlEventSetFree(self.events)
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError:
             pass

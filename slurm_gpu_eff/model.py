@@ -53,6 +53,18 @@ class GpuSummary:
     energy_j: float | None = None
     energy_source: str | None = None  # "counter" (NVML total energy) or "power" (integrated)
     errors: list[str] = field(default_factory=list)
+    util_source: str | None = None  # "samples" (lossless driver buffer), "rates" or None
+    gpm: bool = False  # SM activity and pipes measured (Hopper and newer)
+    util_histogram_s: list[float] | None = None  # seconds in 0-10%, ..., 90-100%
+    idle_s: float | None = None  # seconds under 5% utilisation
+    throttle_s: dict[str, float] | None = None  # seconds under each clock-event reason
+    throttle_observed_s: float | None = None
+    xid_events: list[dict[str, Any]] = field(default_factory=list)
+    ecc_uncorrected: int | None = None  # new uncorrected ECC errors during the job
+    processes_max: int | None = None  # most compute processes seen at once; 0: never used
+    mig_gi_id: int | None = None  # the GPU instance, for a MIG slice
+    lost_at: float | None = None  # when the GPU fell off the bus
+    timeline: dict[str, Any] | None = None
 
     def metric(self, name: str, stat: str = "mean") -> float | None:
         values = self.metrics.get(name)

@@ -17,63 +17,125 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .config import Config, load_config
 from .errors import GpuEffError, GpuLost
-from .gpu import Gpu, GpuSession, Reading
+from .gpu import THROTTLE_REASONS, Gpu, GpuSession, Reading
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
 from .model import COMPLETE, MISSING, RUNNING, GpuSummary, NodeSummary
 from .spool import Spool, write_json
-from .stats import Stat
+from .stats import Histogram, Stat, Timeline
 
 SUMMARY = "summary.json"
 
 
 class GpuStats:
-    """Accumulators for one GPU."""
+    """Accumulators for one GPU: constant memory whatever the job's length."""
 
     def __init__(self, gpu: Gpu) -> None:
         self.gpu = gpu
-        self.stats = {name: Stat() for name in ("util", "mem_util", "mem_used_bytes", "power_w")}
+        self.stats: dict[str, Stat] = {}
+        self.util_source: str | None = None
+        self.histogram = Histogram()
+        self.timeline = Timeline()
         self.samples = 0
         self.seconds = 0.0
-        self.energy_first_mj: int | None = None
         self.energy_last_mj: int | None = None
-        self.energy_counter_ok = True
+        self.energy_counter_j = 0.0
+        self.energy_counter_ok: bool | None = None
         self.power_energy_j = 0.0
-        self.lost = False
+        self.throttle_s = dict.fromkeys(THROTTLE_REASONS, 0.0)
+        self.throttle_observed_s: float | None = None
+        self.xid_events: list[dict[str, Any]] = []
+        self.ecc_first: int | None = None
+        self.ecc_last: int | None = None
+        self.processes_max: int | None = None
+        self.lost_at: float | None = None
         self.errors: list[str] = []
+
+    def stat(self, name: str) -> Stat:
+        if name not in self.stats:
+            self.stats[name] = Stat()
+        return self.stats[name]
 
     def add(self, reading: Reading, seconds: float) -> None:
         self.samples += 1
         self.seconds += seconds
-        for name, stat in self.stats.items():
-            stat.add(getattr(reading, name), seconds)
+        util = self._series("util", reading.util_samples, reading.util, seconds, self.histogram)
+        self._series("mem_util", reading.mem_util_samples, reading.mem_util, seconds, None)
+        for name, value in (reading.gpm or {}).items():
+            self.stat(name).add(value, seconds)
+        for name in ("mem_used_bytes", "power_w", "temp_c", "sm_clock_mhz"):
+            value = getattr(reading, name)
+            if value is not None:
+                self.stat(name).add(value, seconds)
         if reading.power_w is not None:
             self.power_energy_j += reading.power_w * seconds
         self._add_energy(reading.energy_mj)
+        self._add_state(reading, seconds)
+        mem = reading.mem_used_bytes
+        self.timeline.add(
+            reading.time, seconds, util, (reading.gpm or {}).get("sm_active"), reading.power_w,
+            None if mem is None else mem / 1024**3,
+        )
+
+    def _series(
+        self, name: str, samples: list[tuple[float, float]] | None, rate: float | None,
+        seconds: float, histogram: Histogram | None,
+    ) -> float | None:
+        """Lossless driver samples where there are any, else the poll's rate; returns the
+        poll's mean for the timeline."""
+        if samples is None:
+            if rate is None:
+                return None
+            samples = [(rate, seconds)]
+            self.util_source = self.util_source or ("rates" if name == "util" else None)
+        elif name == "util":
+            self.util_source = "samples"
+        stat = self.stat(name)
+        for value, weight in samples:
+            stat.add(value, weight)
+            if histogram is not None:
+                histogram.add(value, weight)
+        total = sum(w for _, w in samples)
+        return sum(v * w for v, w in samples) / total if total else (samples[-1][0] if samples else None)
 
     def _add_energy(self, counter_mj: int | None) -> None:
         if counter_mj is None:
-            self.energy_counter_ok = self.energy_counter_ok and self.energy_first_mj is None
             return
-        if self.energy_first_mj is None:
-            self.energy_first_mj = counter_mj
-        elif self.energy_last_mj is not None and counter_mj < self.energy_last_mj:
-            self.energy_counter_ok = False  # counter reset (driver reload): fall back to power
+        if self.energy_last_mj is not None:
+            delta = counter_mj - self.energy_last_mj
+            # A counter that went backwards was reset (driver reload): count from zero.
+            self.energy_counter_j += (delta if delta >= 0 else counter_mj) / 1000.0
+        self.energy_counter_ok = True
         self.energy_last_mj = counter_mj
 
+    def _add_state(self, reading: Reading, seconds: float) -> None:
+        if reading.throttle_mask is not None:
+            self.throttle_observed_s = (self.throttle_observed_s or 0.0) + seconds
+            for reason, bit in THROTTLE_REASONS.items():
+                if reading.throttle_mask & bit:
+                    self.throttle_s[reason] += seconds
+        if reading.ecc_uncorrected is not None:
+            self.ecc_first = reading.ecc_uncorrected if self.ecc_first is None else self.ecc_first
+            self.ecc_last = reading.ecc_uncorrected
+        if reading.processes is not None:
+            self.processes_max = max(self.processes_max or 0, reading.processes)
+
     def energy(self) -> tuple[float | None, str | None]:
-        if self.energy_counter_ok and self.energy_first_mj is not None and self.samples > 1:
-            return (self.energy_last_mj - self.energy_first_mj) / 1000.0, "counter"  # type: ignore[operator]
-        if self.stats["power_w"].samples:
+        if self.energy_counter_ok and self.samples > 1:
+            return self.energy_counter_j, "counter"
+        if "power_w" in self.stats:
             return self.power_energy_j, "power"
         return None, None
 
     def summary(self, node: str) -> GpuSummary:
         energy_j, source = self.energy()
         gpu = self.gpu
+        histogram = self.histogram
+        measured = histogram.total_s > 0
         return GpuSummary(
             node=node, index=gpu.index, minor=gpu.minor, uuid=gpu.uuid, name=gpu.name,
             memory_total_bytes=gpu.memory_total_bytes, power_limit_w=gpu.power_limit_w,
@@ -81,41 +143,62 @@ class GpuStats:
             metrics={k: s.to_dict() for k, s in self.stats.items() if s.samples},
             energy_j=energy_j, energy_source=source,
             errors=(gpu.errors + self.errors)[:20],
+            util_source=self.util_source, gpm=gpu.gpm is not None,
+            util_histogram_s=[round(x, 3) for x in histogram.seconds] if measured else None,
+            idle_s=round(histogram.idle_s, 3) if measured else None,
+            throttle_s=self.throttle_s if self.throttle_observed_s is not None else None,
+            throttle_observed_s=self.throttle_observed_s,
+            xid_events=self.xid_events[:100],
+            ecc_uncorrected=None if self.ecc_first is None else self.ecc_last - self.ecc_first,  # type: ignore[operator]
+            processes_max=self.processes_max, mig_gi_id=gpu.gi_id, lost_at=self.lost_at,
+            timeline=self.timeline.to_dict(),
         )
 
 
 class Sampler:
+    """Polls the job's GPUs. Times come from `clock` (the driver's clock: wall time, or
+    the simulation's, which may run faster); waits are in wall time, `time_scale` apart."""
+
     def __init__(
         self, job: JobContext, config: Config, gpus: list[Gpu],
         clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+        xid_events: Callable[[], list[tuple[str, int]]] = list, time_scale: float = 1.0,
     ) -> None:
         self.job = job
         self.config = config
         self.gpus = [GpuStats(g) for g in gpus]
         self.clock = clock
         self.monotonic = monotonic
+        self.xid_events = xid_events
+        self.wait_s = config.interval_s / time_scale
         self.started_at = clock()
         self.sampled_from: float | None = None
         self.sampled_until: float | None = None
-        self._last_tick: float | None = None
+        self._last: float | None = None
 
     def sample_once(self) -> None:
-        now = self.monotonic()
+        now = self.clock()
         # A reading stands for the time since the one before (NVML's figures look back),
         # so the first stands for nothing: the mean covers [first reading, last reading].
-        seconds = 0.0 if self._last_tick is None else now - self._last_tick
-        self._last_tick = now
+        seconds = 0.0 if self._last is None else max(0.0, now - self._last)
+        self._last = now
         for stats in self.gpus:
-            if stats.lost:
+            if stats.lost_at is not None:
                 continue
             try:
                 stats.add(stats.gpu.read(), seconds)
             except GpuLost as exc:
-                stats.lost = True
-                stats.errors.append(f"{exc} at {time.strftime('%H:%M:%S')}; sampling stopped")
-        wall = self.clock()
-        self.sampled_from = self.sampled_from or wall
-        self.sampled_until = wall
+                stats.lost_at = now
+                stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
+        self._record_xids(now)
+        self.sampled_from = self.sampled_from or now
+        self.sampled_until = now
+
+    def _record_xids(self, now: float) -> None:
+        for uuid, code in self.xid_events():
+            for stats in self.gpus:
+                if uuid in (stats.gpu.uuid, "?") or stats.gpu.is_mig:
+                    stats.xid_events.append({"time": now, "xid": code})
 
     def snapshot(self, status: str, reason: str = "") -> NodeSummary:
         job = self.job
@@ -167,9 +250,9 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         if now >= next_live:
             live.post(sampler.snapshot(RUNNING))
             next_live = now + config.live_s
-        next_tick += config.interval_s
+        next_tick += sampler.wait_s
         if next_tick <= now:  # fell behind (suspended, overloaded): do not burst to catch up
-            next_tick = now + config.interval_s
+            next_tick = now + sampler.wait_s
         stopper.wait(next_tick - sampler.monotonic())
     sampler.sample_once()
     write_json(summary_path, sampler.snapshot(COMPLETE).to_dict())
@@ -221,7 +304,8 @@ def run(job_dir: str, config: Config) -> None:
         session = GpuSession(config, job.node)
         gpus = session.bind(parse_job_gpus(job.job_gpus))
         log.write(f"sampling {len(gpus)} GPU(s): minors {[g.minor for g in gpus]}")
-        sampler = Sampler(job, config, gpus)
+        sampler = Sampler(job, config, gpus, clock=session.clock,
+                          xid_events=session.xid_events, time_scale=session.time_scale)
         loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
         log.write("stopped cleanly")
     except GpuEffError as exc:

@@ -49,3 +49,77 @@ class Stat:
             "samples": self.samples,
             "seconds": round(self.seconds, 3),
         }
+
+
+class Histogram:
+    """Seconds spent in each tenth of a percent range (0-10%, ..., 90-100%), plus idle (< 5%)."""
+
+    BINS = 10
+    IDLE_BELOW = 5.0
+
+    def __init__(self) -> None:
+        self.seconds = [0.0] * self.BINS
+        self.idle_s = 0.0
+
+    def add(self, value: float, seconds: float) -> None:
+        self.seconds[min(self.BINS - 1, max(0, int(value // 10)))] += seconds
+        if value < self.IDLE_BELOW:
+            self.idle_s += seconds
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds)
+
+
+class Timeline:
+    """A per-GPU timeline in at most `max_points` buckets, whatever the job's length:
+    when full, neighbouring buckets merge and the bucket doubles in width."""
+
+    FIELDS = ("util", "sm_active", "power_w", "mem_used_gib")
+
+    def __init__(self, max_points: int = 720, bucket_s: float = 10.0) -> None:
+        self.max_points = max_points
+        self.bucket_s = bucket_s
+        self.start: float | None = None
+        # per bucket: [weight, weighted sum] for each mean field, then the memory peak
+        self.points: list[list[float]] = []
+
+    def add(self, t: float, seconds: float, util: float | None, sm_active: float | None,
+            power_w: float | None, mem_used_gib: float | None) -> None:
+        if self.start is None:
+            self.start = t
+        index = int((t - self.start) // self.bucket_s)
+        while index >= self.max_points:
+            self._halve()
+            index = int((t - self.start) // self.bucket_s)
+        while len(self.points) <= index:
+            self.points.append([0.0] * 7)
+        point = self.points[index]
+        weight = max(seconds, 1e-6)
+        for slot, value in enumerate((util, sm_active, power_w)):
+            if value is not None:
+                point[2 * slot] += weight
+                point[2 * slot + 1] += value * weight
+        if mem_used_gib is not None:
+            point[6] = max(point[6], mem_used_gib)
+
+    def _halve(self) -> None:
+        merged = []
+        for i in range(0, len(self.points), 2):
+            pair = self.points[i:i + 2]
+            merged.append([sum(p[k] for p in pair) for k in range(6)] + [max(p[6] for p in pair)])
+        self.points = merged
+        self.bucket_s *= 2
+
+    def to_dict(self) -> dict[str, Any]:
+        def mean(point: list[float], slot: int) -> float | None:
+            weight = point[2 * slot]
+            return round(point[2 * slot + 1] / weight, 1) if weight else None
+
+        return {
+            "start": self.start, "bucket_s": self.bucket_s, "fields": list(self.FIELDS),
+            "points": [
+                [mean(p, 0), mean(p, 1), mean(p, 2), round(p[6], 2) if any(p) else None]
+                for p in self.points
+            ],
+        }

@@ -20,6 +20,15 @@ METRICS = (
     "fp16_active", "fp32_active", "fp64_active", "mem_used_gib", "power_w", "temp_c",
     "sm_clock_mhz", "pcie_rx_mbps", "pcie_tx_mbps", "nvlink_rx_mbps", "nvlink_tx_mbps",
 )
+# Events and states rather than levels: a phase sets them for its whole length.
+THROTTLE_REASONS = ("power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
+EVENT_FIELDS = {
+    "throttle": "list of clock-event reasons: " + ", ".join(THROTTLE_REASONS),
+    "xid": "list of XID codes, raised as the phase starts",
+    "processes": "number of compute processes on the GPU",
+    "lost": "true: the GPU falls off the bus as the phase starts (NVML: GPU is lost)",
+    "energy_reset": "true: the energy counter restarts from 0 as the phase starts",
+}
 PERCENT_METRICS = {
     "util", "mem_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
     "fp16_active", "fp32_active", "fp64_active",
@@ -61,12 +70,19 @@ class Phase:
     start_s: float
     seconds: float
     gpus: dict[str, dict[str, Signal]]
+    events: dict[str, dict[str, Any]]
 
     def signal(self, position: int, metric: str) -> Signal | None:
         own = self.gpus.get(str(position), {})
         if metric in own:
             return own[metric]
         return self.gpus.get("*", {}).get(metric)
+
+    def event(self, position: int, name: str) -> Any:
+        own = self.events.get(str(position), {})
+        if name in own:
+            return own[name]
+        return self.events.get("*", {}).get(name)
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,24 @@ class Profile:
     @property
     def duration_s(self) -> float:
         return sum(p.seconds for p in self.phases)
+
+    def phase_at(self, t: float) -> Phase | None:
+        for phase in self.phases:
+            if phase.start_s <= t < phase.start_s + phase.seconds:
+                return phase
+        return None
+
+    def event_at(self, position: int, name: str, t: float) -> Any:
+        """The phase's setting of a state field (throttle, processes) at time t."""
+        phase = self.phase_at(t)
+        return None if phase is None else phase.event(position, name)
+
+    def event_starts(self, position: int, name: str, t0: float, t1: float) -> list[tuple[float, Any]]:
+        """(start, value) of each phase that sets `name` and begins in (t0, t1]."""
+        return [
+            (p.start_s, p.event(position, name)) for p in self.phases
+            if t0 < p.start_s <= t1 and p.event(position, name)
+        ]
 
     def value_at(self, position: int, metric: str, t: float, idle: float) -> float:
         """The metric's value t seconds after the profile started."""
@@ -126,21 +160,41 @@ def parse_profile(data: Any) -> Profile:
         gpus = item.get("gpus", {})
         if not isinstance(gpus, dict):
             raise ProfileError(f"{where}: 'gpus' must be an object")
-        parsed = {}
+        parsed, events = {}, {}
         for key, metrics in gpus.items():
             if key != "*" and not key.isdigit():
                 raise ProfileError(f"{where}: GPU key {key!r} must be '*' or a job GPU number")
             if not isinstance(metrics, dict):
                 raise ProfileError(f"{where}: GPU {key!r}: metrics must be an object")
-            parsed[key] = {m: _signal(f"{where}: GPU {key!r}: {m}", m, v) for m, v in metrics.items()}
-        phases.append(Phase(start, float(seconds), parsed))
+            here = f"{where}: GPU {key!r}"
+            parsed[key] = {
+                m: _signal(f"{here}: {m}", m, v) for m, v in metrics.items() if m not in EVENT_FIELDS
+            }
+            events[key] = {
+                m: _event(f"{here}: {m}", m, v) for m, v in metrics.items() if m in EVENT_FIELDS
+            }
+        phases.append(Phase(start, float(seconds), parsed, events))
         start += float(seconds)
     return Profile(tuple(phases), data)
 
 
+def _event(where: str, name: str, value: Any) -> Any:
+    ok = {
+        "throttle": isinstance(value, list) and all(v in THROTTLE_REASONS for v in value),
+        "xid": isinstance(value, list) and all(isinstance(v, int) and v > 0 for v in value),
+        "processes": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        "lost": isinstance(value, bool),
+        "energy_reset": isinstance(value, bool),
+    }[name]
+    if not ok:
+        raise ProfileError(f"{where}: must be a {EVENT_FIELDS[name]}")
+    return value
+
+
 def _signal(where: str, metric: str, value: Any) -> Signal:
     if metric not in METRICS:
-        raise ProfileError(f"{where}: unknown metric (known: {', '.join(METRICS)})")
+        known = ", ".join(METRICS + tuple(EVENT_FIELDS))
+        raise ProfileError(f"{where}: unknown metric (known: {known})")
     if _is_number(value):
         signal = Signal(float(value))
     elif isinstance(value, dict) and set(value) <= {"low", "high", "period_s", "duty"}:

@@ -33,13 +33,12 @@ def load_profile(path: str) -> Profile:
     return parse_profile(data)
 
 
-def job_minors(env: Mapping[str, str]) -> list[int]:
+def job_minors(env: Mapping[str, str]) -> list[int | str]:
+    """The job's GPUs: device minors (node-level indexes), or MIG instance UUIDs."""
     gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
     if not gpus:
         raise GpuEffError("this job has no GPUs (SLURM_JOB_GPUS is empty): request --gres=gpu:N")
-    if not all(isinstance(g, int) for g in gpus):
-        raise GpuEffError(f"SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS')!r}: the simulation needs indexes")
-    return [int(g) for g in gpus]
+    return gpus
 
 
 class Publisher:
@@ -51,21 +50,21 @@ class Publisher:
         self.job_id = job_id
         self.devices = _device_specs(config.sim_devices, node)
 
-    def start(self, profile: Profile, minors: list[int], now: float) -> None:
+    def start(self, profile: Profile, minors: list[int | str], now: float) -> None:
         for position, minor in enumerate(minors):
             prior = self._prior_extra_j(minor, now)
             self._write(minor, profile, position, now, None, prior)
 
-    def end(self, profile: Profile, minors: list[int], started: float, now: float) -> None:
+    def end(self, profile: Profile, minors: list[int | str], started: float, now: float) -> None:
         for position, minor in enumerate(minors):
             state = self._read(minor)
             prior = float(state.get("prior_extra_j", 0.0)) if state else 0.0
             self._write(minor, profile, position, started, now, prior)
 
-    def _prior_extra_j(self, minor: int, now: float) -> float:
+    def _prior_extra_j(self, minor: int | str, now: float) -> float:
         """Energy earlier workloads added on this GPU, so its counter never runs backwards."""
         state = self._read(minor)
-        spec = self.devices.get(minor)
+        spec = self.devices.get(minor) if isinstance(minor, int) else {"idle_power_w": 0}
         if not state or spec is None:
             return 0.0
         try:
@@ -80,7 +79,7 @@ class Publisher:
         idle = float(spec.get("idle_power_w", 60))
         return previous.prior_extra_j + sim.extra_energy_j(previous, idle, now)
 
-    def _read(self, minor: int) -> dict[str, Any] | None:
+    def _read(self, minor: int | str) -> dict[str, Any] | None:
         try:
             with open(sim.state_path(self.state_dir, self.node, minor), encoding="utf-8") as fh:
                 data = json.load(fh)
@@ -89,7 +88,7 @@ class Publisher:
             return None
 
     def _write(
-        self, minor: int, profile: Profile, position: int, started: float,
+        self, minor: int | str, profile: Profile, position: int, started: float,
         ended: float | None, prior: float,
     ) -> None:
         path = sim.state_path(self.state_dir, self.node, minor)
@@ -119,13 +118,25 @@ def _device_specs(path: str, node: str) -> dict[int, dict[str, Any]]:
         return {}
 
 
+def sim_clock(config: Config) -> Callable[[], float]:
+    """The simulated clock the NVML simulation uses: the same boot time and time scale."""
+    try:
+        boot = os.stat(config.sim_devices).st_mtime
+    except OSError as exc:
+        raise GpuEffError(f"cannot read the simulated devices {config.sim_devices}: {exc.strerror}") from exc
+    return lambda: sim.sim_time(boot, config.sim_time_scale)
+
+
 def run(
     profile_path: str, config: Config, env: Mapping[str, str],
-    clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] | None = None, sleep: Callable[[float], None] = time.sleep,
 ) -> float:
-    """Play the profile on the job's GPUs; returns the seconds it ran. SIGTERM ends it early."""
+    """Play the profile on the job's GPUs; returns the (simulated) seconds it ran.
+    SIGTERM ends it early."""
     if config.gpu_backend != "sim":
         raise GpuEffError("gpueff-sim needs a config with [gpu] backend = sim (set GPUEFF_CONFIG)")
+    clock = clock or sim_clock(config)
+    scale = config.sim_time_scale
     profile = load_profile(profile_path)
     minors = job_minors(env)
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
@@ -140,7 +151,7 @@ def run(
     publisher.start(profile, minors, started)
     try:
         while not stop["now"] and clock() - started < profile.duration_s:
-            sleep(min(0.5, max(0.0, profile.duration_s - (clock() - started))))
+            sleep(min(0.5, max(0.0, (profile.duration_s - (clock() - started)) / scale)))
     finally:
         publisher.end(profile, minors, started, clock())
         signal.signal(signal.SIGTERM, previous)
