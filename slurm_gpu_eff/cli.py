@@ -49,17 +49,22 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def cmd_report(args: argparse.Namespace) -> str:
     from .render import render_json, render_text
-    from .report import build_report
-    from .slurm import get_job
+    from .report import GroupReport, JobReport, build_group, build_report
+    from .slurm import get_jobs
     from .store import Store
 
     config = load_config(args.config)
-    job = get_job(args.job_id, config.sacct)
+    jobs = get_jobs(args.job_id, config.sacct)
     store = Store(config.store_path, readonly=True)
     try:
-        report = build_report(job, store.node_summaries(job.job_id_raw, job.cluster))
+        parts = [(job, store.node_summaries(job.job_id_raw, job.cluster)) for job in jobs]
     finally:
         store.close()
+    report: JobReport | GroupReport
+    if len(parts) == 1:
+        report = build_report(*parts[0])
+    else:
+        report = build_group(args.job_id, parts)
     return render_json(report) if args.json else render_text(report)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import jinja2
 
-from .report import JobReport
+from .report import GroupReport, JobReport
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -25,6 +25,10 @@ def pct(value: float | None) -> str:
 
 def gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 1024**3:.1f}"
+
+
+def fraction(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.0f}%"
 
 
 def size(value: float | None) -> str:
@@ -71,15 +75,19 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(
-        clean=clean, pct=pct, gib=gib, size=size, hms=hms, watts=watts, joules=joules, clocktime=clocktime
+        clean=clean, pct=pct, fraction=fraction, gib=gib, size=size, hms=hms, watts=watts,
+        joules=joules, clocktime=clocktime,
     )
     return env
 
 
-def render_text(report: JobReport) -> str:
+def render_text(report: JobReport | GroupReport) -> str:
+    if isinstance(report, GroupReport):
+        template = _environment().get_template("group.txt.j2")
+        return template.render(g=report, d=report.to_dict())
     template = _environment().get_template("report.txt.j2")
     return template.render(r=report, j=report.job, d=report.to_dict())
 
 
-def render_json(report: JobReport) -> str:
+def render_json(report: JobReport | GroupReport) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"

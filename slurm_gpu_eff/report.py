@@ -11,10 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import NoGpus, NoSummary
-from .model import COMPLETE, MISSING, PARTIAL, RUNNING, NodeSummary
+from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
 from .slurm import SlurmJob
 
 IDLE_UTIL = 5.0  # percent: a GPU below this on average did no useful work
+# Every metric the sampler may measure; the report gives each a _mean and a _max,
+# null when it was not measured (not supported here, or no GPM), never 0.
+METRICS = (
+    "util", "mem_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+    "fp16_active", "fp32_active", "fp64_active", "power_w", "temp_c", "sm_clock_mhz",
+    "pcie_rx_mbps", "pcie_tx_mbps", "nvlink_rx_mbps", "nvlink_tx_mbps",
+)
 
 
 @dataclass
@@ -37,10 +44,57 @@ class GpuLine:
     samples: int
     sampled_s: float
     errors: list[str]
+    summary: GpuSummary | None = None
 
     @property
     def idle(self) -> bool:
         return self.util_mean is not None and self.util_mean < IDLE_UTIL
+
+    @property
+    def never_used(self) -> bool:
+        """No compute process ever ran on it (known only where processes are readable)."""
+        return self.summary is not None and self.summary.processes_max == 0
+
+    @property
+    def hardware_faults(self) -> list[str]:
+        """XID errors, uncorrected ECC errors, a lost GPU: the site's problem, not the user's."""
+        g = self.summary
+        if g is None:
+            return []
+        faults = [f"XID {e['xid']} at {clock(e['time'])}" for e in g.xid_events]
+        if g.ecc_uncorrected:
+            faults.append(f"{g.ecc_uncorrected} uncorrected ECC error(s)")
+        if g.lost_at is not None:
+            faults.append(f"GPU lost at {clock(g.lost_at)}")
+        return faults
+
+    def metric(self, name: str, stat: str = "mean") -> float | None:
+        return None if self.summary is None else self.summary.metric(name, stat)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "summary"}
+        g = self.summary
+        for name in METRICS:
+            out[f"{name}_mean"] = self.metric(name)
+            out[f"{name}_max"] = self.metric(name, "max")
+        out["mem_used_mean_bytes"] = self.metric("mem_used_bytes")
+        out["temp_max_c"] = self.metric("temp_c", "max")
+        if g is None:
+            return out
+        hist = g.util_histogram_s
+        total = sum(hist) if hist else 0.0
+        out.update(
+            util_source=g.util_source, gpm=g.gpm, mig_gi_id=g.mig_gi_id,
+            idle_fraction=None if not total or g.idle_s is None else g.idle_s / total,
+            util_histogram=[x / total for x in hist] if hist and total else None,
+            throttle_fraction=None if not g.throttle_s or not g.throttle_observed_s else {
+                reason: seconds / g.throttle_observed_s for reason, seconds in g.throttle_s.items()
+            },
+            xid_events=g.xid_events, ecc_uncorrected=g.ecc_uncorrected,
+            processes_max=g.processes_max, never_used=self.never_used, lost_at=g.lost_at,
+            hardware_faults=self.hardware_faults, timeline=g.timeline,
+        )
+        return out
 
 
 @dataclass
@@ -94,8 +148,52 @@ class JobReport:
             "gpu_energy_j": self.energy_j, "idle_gpus": len(self.idle_gpus),
             "sampled_until": self.sampled_until, "missing_nodes": self.missing_nodes,
             "notes": self.notes,
-            "gpus": [dict(vars(g)) for g in self.gpus],
+            "hardware_faults": [f"{g.node} GPU {g.minor}: {f}" for g in self.gpus
+                                for f in g.hardware_faults],
+            "gpus": [g.to_dict() for g in self.gpus],
         }
+
+
+@dataclass
+class GroupReport:
+    """An array job's tasks or a heterogeneous job's components, one line each, with totals."""
+
+    job_id: str
+    kind: str  # "array" or "heterogeneous"
+    reports: list[JobReport]
+    unreported: list[tuple[str, str]]  # (task, why no figures)
+
+    def to_dict(self) -> dict[str, Any]:
+        allocated = sum(r.gpu_hours_allocated for r in self.reports)
+        used = [r.gpu_hours_used for r in self.reports if r.gpu_hours_used is not None]
+        energy = [r.energy_j for r in self.reports if r.energy_j is not None]
+        measured = sum(r.gpu_hours_allocated for r in self.reports if r.gpu_hours_used is not None)
+        return {
+            "job_id": self.job_id, "kind": self.kind,
+            "tasks": [r.to_dict() for r in self.reports],
+            "unreported": [{"job_id": j, "reason": why} for j, why in self.unreported],
+            "totals": {
+                "tasks": len(self.reports) + len(self.unreported),
+                "gpu_hours_allocated": allocated,
+                "gpu_hours_used": sum(used) if used else None,
+                # GPU-hour weighted: a long task counts for more than a short one
+                "gpu_util_mean": 100.0 * sum(used) / measured if used and measured else None,
+                "gpu_energy_j": sum(energy) if energy else None,
+            },
+        }
+
+
+def build_group(job_id: str, jobs: list[tuple[SlurmJob, list[NodeSummary]]]) -> GroupReport:
+    kind = "heterogeneous" if any("+" in job.job_id for job, _ in jobs) else "array"
+    reports, unreported = [], []
+    for job, summaries in jobs:
+        try:
+            reports.append(build_report(job, summaries))
+        except (NoGpus, NoSummary) as exc:
+            unreported.append((job.job_id, str(exc)))
+    if not reports:
+        raise NoSummary(f"no GPU figures for any of the {len(jobs)} parts of {kind} job {job_id}")
+    return GroupReport(job_id, kind, reports, unreported)
 
 
 def build_report(job: SlurmJob, summaries: list[NodeSummary]) -> JobReport:
@@ -139,7 +237,7 @@ def _status(job: SlurmJob, summaries: list[NodeSummary], missing_nodes: list[str
     return PARTIAL
 
 
-def _gpu_line(s: NodeSummary, g: Any) -> GpuLine:
+def _gpu_line(s: NodeSummary, g: GpuSummary) -> GpuLine:
     return GpuLine(
         node=g.node, minor=g.minor, uuid=g.uuid, name=g.name, status=s.status,
         util_mean=g.metric("util"), util_max=g.metric("util", "max"),
@@ -147,7 +245,7 @@ def _gpu_line(s: NodeSummary, g: Any) -> GpuLine:
         mem_total_bytes=g.memory_total_bytes, power_mean_w=g.metric("power_w"),
         power_max_w=g.metric("power_w", "max"), power_limit_w=g.power_limit_w,
         energy_j=g.energy_j, energy_source=g.energy_source, samples=g.samples,
-        sampled_s=g.sampled_s, errors=list(g.errors),
+        sampled_s=g.sampled_s, errors=list(g.errors), summary=g,
     )
 
 

@@ -136,6 +136,31 @@ def get_job(job_id: str, sacct: str = "sacct") -> SlurmJob:
     return job_from_rows(check_job_id(job_id), parse_rows(run_sacct(job_id, sacct)))
 
 
+def members(job_id: str, rows: list[dict[str, str]]) -> list[str]:
+    """The tasks of an array (1234_1, 1234_2...) or components of a heterogeneous job
+    (1234+0, 1234+1) that `job_id` names as a whole; [] when it names one job. Tasks
+    still pending (1234_[5-9]) have no GPUs yet and are left out."""
+    if "_" in job_id or "+" in job_id:
+        return []
+    found = [
+        r["JobID"] for r in rows
+        if "." not in r["JobID"] and "[" not in r["JobID"]
+        and (r["JobID"].startswith(f"{job_id}_") or r["JobID"].startswith(f"{job_id}+"))
+    ]
+    return found if len(found) > 1 or (found and found[0] != job_id) else []
+
+
+def get_jobs(job_id: str, sacct: str = "sacct") -> list[SlurmJob]:
+    """One job, or every task of an array / component of a heterogeneous job."""
+    job_id = check_job_id(job_id)
+    rows = parse_rows(run_sacct(job_id, sacct))
+    names = members(job_id, rows)
+    if not names:
+        return [job_from_rows(job_id, rows)]
+    return [job_from_rows(name, [r for r in rows if r["JobID"].split(".")[0] == name])
+            for name in names]
+
+
 def parse_tres(text: str) -> dict[str, int]:
     """'cpu=4,mem=4000M,node=1,gres/gpu=2' -> {'cpu': 4, 'mem': bytes, 'gres/gpu': 2}."""
     out: dict[str, int] = {}
