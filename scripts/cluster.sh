@@ -10,7 +10,7 @@
 # device nodes, the gpueff store and spool) lives under one directory, so that
 # `down` leaves nothing behind and the system's own services are never touched.
 # Environment: GPUEFF_CLUSTER_DIR (default /var/tmp/gpueff-cluster),
-# GPUEFF_NODES (default 1), GPUEFF_PORT_BASE (default 16800).
+# GPUEFF_NODES (default 3: multi-node jobs need more than one), GPUEFF_PORT_BASE (default 16800).
 # Why each setting is what it is: /work/shared/notes/slurm-test-cluster.md.
 set -euo pipefail
 
@@ -21,7 +21,7 @@ export PATH=/usr/sbin:/sbin:$PATH
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 VENV_BIN=$REPO/.venv/bin
 DIR=$(realpath -m "${GPUEFF_CLUSTER_DIR:-/var/tmp/gpueff-cluster}")
-NODES=${GPUEFF_NODES:-1}
+NODES=${GPUEFF_NODES:-3}
 PORT_BASE=${GPUEFF_PORT_BASE:-16800}
 CLUSTER=gpueffdev
 
@@ -300,16 +300,22 @@ gpu_uuid() {
   echo "GPU-${h:0:8}-${h:8:4}-${h:12:4}-${h:16:4}-${h:20:12}"
 }
 
+# gpu1 and gpu2 have H100s (GPM: SM activity and pipes); gpu3, if there, older A100s
+# without GPM, so both kinds of report are exercised.
 write_devices_json() {
-  local node minor sep_node="" sep_gpu
+  local node minor sep_node="" sep_gpu model
+  local h100='"name": "NVIDIA H100 80GB HBM3 (simulated)", "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 70, "gpm": true'
+  local a100='"name": "NVIDIA A100-SXM4-40GB (simulated)", "memory_total_gib": 40, "power_limit_w": 400, "idle_power_w": 55, "gpm": false'
   {
     printf '{'
     for node in $(node_names); do
       printf '%s\n  "%s": [' "$sep_node" "$node"
       sep_node=, sep_gpu=""
+      model=$h100
+      [ "$node" = gpu3 ] && model=$a100
       for minor in 0 1 2 3; do
-        printf '%s\n    {"minor": %d, "uuid": "%s", "name": "NVIDIA H100 80GB HBM3 (simulated)", "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 70}' \
-          "$sep_gpu" "$minor" "$(gpu_uuid "$node" "$minor")"
+        printf '%s\n    {"minor": %d, "uuid": "%s", %s}' \
+          "$sep_gpu" "$minor" "$(gpu_uuid "$node" "$minor")" "$model"
         sep_gpu=,
       done
       printf '\n  ]'

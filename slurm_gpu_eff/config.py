@@ -93,11 +93,14 @@ def config_path(path: str | None = None) -> str:
 
 def load_config(path: str | None = None) -> Config:
     """Read the config file; raises ConfigError with the file, line or key at fault."""
+    explicit = path or os.environ.get("GPUEFF_CONFIG")
     path = config_path(path)
     try:
         with open(path, encoding="utf-8") as handle:
             raw = parse_ini(handle.read(), path)
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if explicit:  # a typo in a path someone gave must not fall back to defaults
+            raise ConfigError(f"config file {path} does not exist") from exc
         return Config(path=None)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc

@@ -65,7 +65,7 @@ def deliver(spool: Spool, store: Store) -> Delivery:
         try:
             summary = read_summary(claimed)
         except SpoolError:
-            result.set_aside.append(spool.set_aside(claimed))
+            result.set_aside.append(spool.set_aside(claimed, os.path.basename(path)))
             continue
         try:
             stored = store.put(summary)

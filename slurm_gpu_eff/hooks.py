@@ -15,7 +15,7 @@ import sys
 import time
 
 from .config import Config, load_config
-from .errors import GpuEffError
+from .errors import GpuEffError, SpoolError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
 from .spool import Spool
@@ -46,16 +46,21 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     if not gpus:
         return
     job_dir = Spool(config.spool_for(job.node)).job_dir(job.job_id)
-    os.makedirs(job_dir, exist_ok=True)
+    try:
+        os.makedirs(job_dir, exist_ok=True)
+    except OSError as exc:
+        raise SpoolError(f"cannot create {job_dir}: {exc.strerror}") from exc
     # The sampler inherits this environment, Slurm's variables included: it needs no
     # other description of the job, and the prolog writes no JSON (json imports re).
-    pid = start_detached(sampler_command(config, job_dir))
+    # The sampler reads the job from Slurm's variables and the config we were given.
+    sampler_env = dict(env, GPUEFF_CONFIG=config.path) if config.path else dict(env)
+    pid = start_detached(sampler_command(config, job_dir), sampler_env)
     with open(os.path.join(job_dir, PID_FILE), "w", encoding="ascii") as handle:
         handle.write(f"{pid}\n")
     log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={job.job_gpus}")
 
 
-def start_detached(command: list[str]) -> int:
+def start_detached(command: list[str], env: Mapping[str, str]) -> int:
     """Start `command` in its own session, stdio closed: outside the job, outliving the hook."""
     pid = os.fork()
     if pid:
@@ -65,7 +70,7 @@ def start_detached(command: list[str]) -> int:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        os.execv(command[0], command)
+        os.execve(command[0], command, dict(env))
     finally:
         os._exit(0)
 
@@ -128,7 +133,7 @@ def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
     except (OSError, ValueError):
         log.write("no sampler pid file")
         return
-    if not _is_sampler(pid, job_dir):
+    if not _wait_for_exec(pid, job_dir):
         log.write(f"sampler pid {pid} was already gone")
         return
     os.kill(pid, _signal.SIGTERM)
@@ -142,6 +147,17 @@ def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
         os.kill(pid, _signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _wait_for_exec(pid: int, job_dir: str, wait_s: float = 0.5) -> bool:
+    """True once `pid` is the sampler. For a few ms after the prolog forks it, the child
+    still shows the prolog's command line: a job that ends that fast must not lose it."""
+    end = time.monotonic() + wait_s
+    while not _is_sampler(pid, job_dir):
+        if time.monotonic() > end or not os.path.exists(f"/proc/{pid}"):
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _is_sampler(pid: int, job_dir: str) -> bool:

@@ -24,7 +24,7 @@ def parse_job_gpus(raw: str | None) -> list[int | str]:
     found: list[int | str] = []
     for part in text.split(","):
         part = part.strip()
-        if part.isdigit():
+        if _digits(part):
             found.append(int(part))
         elif _is_range(part):
             low, high = (int(x) for x in part.split("-"))
@@ -40,9 +40,14 @@ def parse_job_gpus(raw: str | None) -> list[int | str]:
     return found
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²' and Arabic-Indic digits."""
+    return text.isascii() and text.isdigit()
+
+
 def _is_range(part: str) -> bool:
     low, sep, high = part.partition("-")
-    return bool(sep) and low.isdigit() and high.isdigit()
+    return bool(sep) and _digits(low) and _digits(high)
 
 
 class JobContext:
@@ -72,7 +77,7 @@ class JobContext:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> JobContext:
         job_id = env.get("SLURM_JOB_ID", "").strip()
-        if not job_id.isdigit():
+        if not _digits(job_id):
             raise BindingError(f"SLURM_JOB_ID={job_id!r} is not a job id")
         return cls(
             job_id=job_id,

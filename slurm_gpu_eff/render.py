@@ -11,7 +11,7 @@ import jinja2
 
 from .report import GroupReport, JobReport
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 (CSI, NEL...)
 
 
 def clean(value: Any) -> str:

@@ -79,15 +79,17 @@ def run_sacct(job_id: str, sacct: str = "sacct") -> str:
         "--format=" + ",".join(FIELDS),
     ]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
+        done = subprocess.run(command, capture_output=True, timeout=60, check=False)
     except FileNotFoundError as exc:
         raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
     except subprocess.TimeoutExpired as exc:
         raise SlurmError("sacct did not answer within 60 s (is slurmdbd up?)") from exc
     if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or ["no message"])[0]
+        stderr = done.stderr.decode("utf-8", "replace")
+        first = (stderr.strip().splitlines() or ["no message"])[0]
         raise SlurmError(f"sacct failed: {first}")
-    return done.stdout
+    return done.stdout.decode("utf-8", "replace")
 
 
 def parse_rows(text: str) -> list[dict[str, str]]:

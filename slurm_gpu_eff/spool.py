@@ -48,11 +48,11 @@ class Spool:
             raise SpoolError(f"cannot list {self.outbox}: {exc.strerror}") from exc
         return [os.path.join(self.outbox, n) for n in names if n.endswith(".json")]
 
-    def set_aside(self, path: str) -> str:
+    def set_aside(self, path: str, name: str | None = None) -> str:
         """Move a file that is not a summary out of the way, keeping it for inspection."""
         corrupt = os.path.join(self.outbox, "corrupt")
         os.makedirs(corrupt, exist_ok=True)
-        target = os.path.join(corrupt, os.path.basename(path))
+        target = os.path.join(corrupt, name or os.path.basename(path))
         os.replace(path, target)
         return target
 

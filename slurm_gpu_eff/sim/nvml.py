@@ -467,8 +467,6 @@ def nvmlInit() -> None:
     _devices = _load_devices()
 
 
-nvmlInit_v2 = nvmlInit
-
 
 def nvmlShutdown() -> None:
     global _devices

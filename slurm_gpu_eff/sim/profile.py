@@ -162,7 +162,7 @@ def parse_profile(data: Any) -> Profile:
             raise ProfileError(f"{where}: 'gpus' must be an object")
         parsed, events = {}, {}
         for key, metrics in gpus.items():
-            if key != "*" and not key.isdigit():
+            if key != "*" and not (key.isascii() and key.isdigit() and str(int(key)) == key):
                 raise ProfileError(f"{where}: GPU key {key!r} must be '*' or a job GPU number")
             if not isinstance(metrics, dict):
                 raise ProfileError(f"{where}: GPU {key!r}: metrics must be an object")

@@ -78,10 +78,12 @@ class Cluster:
         assert result.code == 0, f"sbatch failed: {result.err}"
         return result.out.strip().split(";")[0]
 
-    def submit_profile(self, user: str, profile: Path, *args: str, before: str = "") -> str:
-        body = (f"{before}\necho SLURM_JOB_GPUS=$SLURM_JOB_GPUS "
+    def submit_profile(self, user: str, profile: Path, *args: str, runner: str = "exec") -> str:
+        """A job that plays `profile` on its GPUs; runner="srun" plays it on every node."""
+        launch = "srun --ntasks-per-node=1" if runner == "srun" else "exec"
+        body = (f"echo SLURM_JOB_GPUS=$SLURM_JOB_GPUS "
                 f"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\n"
-                f"exec {shlex.quote(str(self.sim))} run {shlex.quote(str(profile))}")
+                f"{launch} {shlex.quote(str(self.sim))} run {shlex.quote(str(profile))}")
         return self.submit(user, body, *args)
 
     def output(self, job_id: str) -> str:

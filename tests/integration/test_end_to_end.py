@@ -50,7 +50,7 @@ def test_two_gpu_job_reports_the_profiles_truth(cluster: Cluster) -> None:
         {"seconds": 8, "gpus": {"0": {"util": 100, "power_w": 600},
                                 "1": {"util": 10, "power_w": 150}}},
     ])
-    job = cluster.submit_profile("alice", profile, "--gres=gpu:2", "-J", "known-averages")
+    job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:2", "-J", "known-averages")
     assert cluster.wait_done(job) == "COMPLETED"
     report = cluster.gpueff(job, "alice", "--json")
     assert report.code == 0, report.err
@@ -86,11 +86,11 @@ def test_two_gpu_job_reports_the_profiles_truth(cluster: Cluster) -> None:
 
 
 def test_job_on_the_second_gpu_is_reported_on_minor_1(cluster: Cluster) -> None:
-    blocker = cluster.submit("bob", "sleep 120", "--gres=gpu:1", "-J", "blocker")
+    blocker = cluster.submit("bob", "sleep 120", "-w", NODE, "--gres=gpu:1", "-J", "blocker")
     cluster.wait_state(blocker, {"RUNNING"})
     try:
         profile = cluster.profile([{"seconds": 10, "gpus": {"*": {"util": 70}}}])
-        job = cluster.submit_profile("alice", profile, "--gres=gpu:1")
+        job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
         assert cluster.wait_done(job) == "COMPLETED"
     finally:
         cluster.run(["scancel", blocker])
@@ -103,7 +103,7 @@ def test_job_on_the_second_gpu_is_reported_on_minor_1(cluster: Cluster) -> None:
 
 def test_killed_sampler_gives_partial_figures_and_a_healthy_node(cluster: Cluster) -> None:
     profile = cluster.profile([{"seconds": 16, "gpus": {"*": {"util": 60, "power_w": 300}}}])
-    job = cluster.submit_profile("alice", profile, "--gres=gpu:1")
+    job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
     job_dir = cluster.spool(NODE) / "jobs" / job
     deadline = time.monotonic() + 30
@@ -127,7 +127,7 @@ def test_killed_sampler_gives_partial_figures_and_a_healthy_node(cluster: Cluste
 
 def test_running_job_shows_figures_so_far(cluster: Cluster) -> None:
     profile = cluster.profile([{"seconds": 25, "gpus": {"*": {"util": 90}}}])
-    job = cluster.submit_profile("bob", profile, "--gres=gpu:1")
+    job = cluster.submit_profile("bob", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
     deadline = time.monotonic() + 30
     data: dict[str, Any] = {}
@@ -148,7 +148,7 @@ def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
     """The epilog cannot reach the store: the summary waits in the outbox, then arrives."""
     profile = cluster.profile([{"seconds": 4, "gpus": {"*": {"util": 55}}}])
     store = sqlite3.connect(cluster.dir / "store" / "gpueff.db", timeout=30)
-    job = cluster.submit_profile("alice", profile, "--gres=gpu:1")
+    job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
     store.execute("begin exclusive")  # the store is "down" (locked) until we let go
     try:

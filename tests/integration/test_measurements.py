@@ -1,0 +1,141 @@
+"""What the GPUs really did, per metric, against each profile's truth, on the real cluster.
+
+gpu1 and gpu2 have simulated H100s (GPM: SM activity and pipes); gpu3 has A100s
+without GPM, whose SM figures must be absent (null), never zero.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+import pytest
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.cluster
+
+H100_IDLE_W = 70.0
+
+
+def summaries(cluster: Cluster, job_id: str) -> dict[str, dict[str, Any]]:
+    db = sqlite3.connect(f"file:{cluster.dir}/store/gpueff.db?mode=ro", uri=True)
+    rows = db.execute("select node, body from node_summaries where job_id = ?", (job_id,))
+    return {node: json.loads(body) for node, body in rows}
+
+
+def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def test_square_wave_that_snapshots_alias_is_measured_within_a_point(cluster: Cluster) -> None:
+    """1 s period, 30% duty: a poll every 30 s (or every 1 s) sees 0 or 100; the driver's
+    sample buffer, read losslessly, sees 30."""
+    wave = {"low": 0, "high": 100, "period_s": 1, "duty": 0.3}
+    profile = cluster.profile([{"seconds": 20, "gpus": {"*": {
+        "util": wave, "sm_active": 45, "tensor_active": 20, "dram_active": 35,
+        "fp32_active": 15, "pcie_rx_mbps": 900, "nvlink_tx_mbps": 300, "power_w": 400,
+        "mem_used_gib": 12}}}])
+    job = cluster.submit_profile("alice", profile, "-w", "gpu1", "--gres=gpu:1")
+    assert cluster.wait_done(job) == "COMPLETED"
+    gpu = cluster.gpueff(job, "alice", "--json").json()["gpus"][0]
+    summary = summaries(cluster, job)["gpu1"]
+    state = cluster.sim_state("gpu1", gpu["minor"])
+    t0, t1 = summary["sampled_from"], summary["sampled_until"]
+    busy = overlap(t0, t1, state["started_at"], state["ended_at"])
+    # Utilisation is measured from the driver's sample windows, which cover [t0, t1].
+    util_truth = 30.0 * busy / (t1 - t0)
+    assert gpu["util_source"] == "samples"
+    assert abs(gpu["util_mean"] - util_truth) <= 1.0, (gpu["util_mean"], util_truth)
+    assert gpu["util_max"] >= 80  # a 1/6 s window inside a 0.3 s burst is mostly busy
+    for metric, value in (("sm_active", 45), ("tensor_active", 20), ("dram_active", 35),
+                          ("fp32_active", 15), ("pcie_rx_mbps", 900), ("nvlink_tx_mbps", 300)):
+        truth = value * busy / (t1 - t0)
+        assert abs(gpu[f"{metric}_mean"] - truth) <= max(1.0, 0.01 * truth), (metric, gpu)
+        assert gpu[f"{metric}_max"] == pytest.approx(value, abs=0.5)
+    assert gpu["fp64_active_mean"] == 0.0  # measured and idle: zero, not null
+    energy_truth = 400 * busy + H100_IDLE_W * ((t1 - t0) - busy)
+    assert gpu["energy_source"] == "counter"
+    assert abs(gpu["energy_j"] - energy_truth) <= 0.02 * energy_truth
+    # Idle is counted in the driver's 1/6 s windows: of the 6 in each 1 s period, the
+    # 0.3 s burst touches 2 or 3, so 3 or 4 read idle (< 5%).
+    assert sum(gpu["util_histogram"]) == pytest.approx(1.0)
+    rest = (t1 - t0) - busy
+    low, high = (0.5 * busy + rest) / (t1 - t0), (4 / 6 * busy + rest) / (t1 - t0)
+    assert low - 0.02 <= gpu["idle_fraction"] <= high + 0.02, (low, gpu["idle_fraction"], high)
+    assert gpu["timeline"]["points"] and len(gpu["timeline"]["points"]) <= 720
+
+
+def test_three_node_job_merges_nodes_and_says_which_part_is_missing(cluster: Cluster) -> None:
+    profile = cluster.profile([{"seconds": 10, "gpus": {
+        "*": {"util": 80, "sm_active": 60, "power_w": 350}, "1": {"util": 20}}}])
+    job = cluster.submit_profile("bob", profile, "-N", "3", "--gres=gpu:2", "-J", "three-nodes",
+                                 runner="srun")
+    assert cluster.wait_done(job) == "COMPLETED"
+    data = cluster.gpueff(job, "bob", "--json").json()
+    assert data["gpu_status"] == "complete" and data["missing_nodes"] == []
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for gpu in data["gpus"]:
+        by_node.setdefault(gpu["node"], []).append(gpu)
+    assert sorted(by_node) == ["gpu1", "gpu2", "gpu3"]
+    for node, gpus in by_node.items():
+        assert len(gpus) == 2
+        assert gpus[0]["util_mean"] > 50 > gpus[1]["util_mean"] > 5  # per position
+        if node == "gpu3":  # A100: no GPM, so SM activity is unknown, not zero
+            assert gpus[0]["sm_active_mean"] is None and gpus[0]["gpm"] is False
+        else:
+            assert gpus[0]["sm_active_mean"] > 30 and gpus[0]["gpm"] is True
+    assert data["gpu_hours_allocated"] == pytest.approx(6 * data["elapsed_s"] / 3600)
+    text = cluster.gpueff(job, "bob").out
+    assert text.count("gpu3 ") >= 2 and "n/a" in text
+
+    # One node's part goes missing (a lost delivery): the report names it.
+    with sqlite3.connect(cluster.dir / "store" / "gpueff.db") as db:
+        db.execute("delete from node_summaries where job_id = ? and node = 'gpu2'", (job,))
+    data = cluster.gpueff(job, "bob", "--json").json()
+    assert data["gpu_status"] == "partial" and data["missing_nodes"] == ["gpu2"]
+    assert any("gpu2" in note and "missing" in note for note in data["notes"])
+
+
+def test_array_job_reports_each_task_and_totals(cluster: Cluster) -> None:
+    profile = cluster.profile([{"seconds": 5, "gpus": {"*": {"util": 60}}}])
+    array = cluster.submit_profile("alice", profile, "--array=1-3", "--gres=gpu:1")
+    for task in ("1", "2", "3"):
+        cluster.wait_done(f"{array}_{task}")
+    whole = cluster.gpueff(array, "alice", "--json")
+    assert whole.code == 0, whole.err
+    data = whole.json()
+    assert data["kind"] == "array" and data["totals"]["tasks"] == 3
+    assert sorted(t["job_id"] for t in data["tasks"]) == [f"{array}_{i}" for i in (1, 2, 3)]
+    assert data["totals"]["gpu_hours_allocated"] == pytest.approx(
+        sum(t["gpu_hours_allocated"] for t in data["tasks"]))
+    for task in data["tasks"]:
+        assert 30 < task["gpu_util_mean"] < 70
+    one = cluster.gpueff(f"{array}_2", "alice", "--json").json()
+    assert one["job_id"] == f"{array}_2" and len(one["gpus"]) == 1
+    text = cluster.gpueff(array, "alice").out
+    assert "array job, 3 parts" in text and "TOTAL" in text
+
+
+def test_lost_gpu_throttling_xid_and_an_untouched_gpu(cluster: Cluster) -> None:
+    profile = cluster.profile([
+        {"seconds": 8, "gpus": {"0": {"util": 90, "power_w": 500, "throttle": ["power_cap"]},
+                                "1": {"util": 0, "processes": 0}}},
+        {"seconds": 6, "gpus": {"0": {"util": 90, "lost": True, "xid": [79]},
+                                "1": {"util": 0, "processes": 0}}},
+    ])
+    job = cluster.submit_profile("alice", profile, "-w", "gpu2", "--gres=gpu:2")
+    assert cluster.wait_done(job) == "COMPLETED"
+    assert "drain" not in cluster.node_state("gpu2")
+    data = cluster.gpueff(job, "alice", "--json").json()
+    lost, idle = data["gpus"]
+    assert lost["lost_at"] is not None and any("GPU lost" in f for f in lost["hardware_faults"])
+    assert any("XID 79" in f for f in lost["hardware_faults"])
+    assert lost["util_mean"] > 60  # figures up to the loss, not diluted by what came after
+    assert lost["throttle_fraction"]["power_cap"] > 0.5
+    assert lost["throttle_fraction"]["hw_thermal"] == 0
+    assert idle["never_used"] is True and idle["processes_max"] == 0
+    assert lost["never_used"] is False
+    text = cluster.gpueff(job, "alice").out
+    assert "not a fault of the job" in text and "power cap" in text

@@ -1,0 +1,349 @@
+"""Shared fixtures for the unit tests: builders for sacct rows, jobs, node summaries,
+a simulated GPU node (devices file, state files, a scripted clock) and a hook site
+(config, spool, store, log in tmp_path) whose sampler processes are always reaped.
+
+Fixtures that build things are factories (they return a function), so that a test
+says exactly what differs from the default job, GPU or summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_gpu_eff import model
+from slurm_gpu_eff.sim import nvml as sim
+from slurm_gpu_eff.slurm import DELIMITER, FIELDS, SlurmJob
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+GIB = 1024**3
+BOOT = 1_700_000_000.0  # the simulated "driver load" (devices file mtime)
+
+# One job-allocation row, as sacct -P prints it for a finished 2-GPU job.
+DEFAULT_ROW = {
+    "JobID": "4242", "JobName": "train", "JobIDRaw": "4242", "Cluster": "gpueffdev",
+    "User": "alice", "Account": "physics", "Partition": "gpu", "State": "COMPLETED",
+    "ExitCode": "0:0", "ElapsedRaw": "3600", "TimelimitRaw": "120",
+    "Start": "2026-11-20T10:00:00", "End": "2026-11-20T11:00:00", "NCPUS": "4",
+    "NNodes": "1", "NodeList": "gpu1", "TotalCPU": "01:00:00",
+    "AllocTRES": "billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1", "MaxRSS": "",
+}
+
+
+@pytest.fixture
+def sacct_fixture() -> Callable[[str], str]:
+    """The text of tests/fixtures/sacct/NAME, byte for byte (no newline translation)."""
+
+    def read(name: str) -> str:
+        with open(FIXTURES / "sacct" / name, encoding="utf-8", newline="") as handle:
+            return handle.read()
+
+    return read
+
+
+@pytest.fixture
+def sacct_row() -> Callable[..., dict[str, str]]:
+    """A parsed sacct row (dict keyed by FIELDS): DEFAULT_ROW with overrides."""
+
+    def build(**fields: str) -> dict[str, str]:
+        unknown = set(fields) - set(FIELDS)
+        assert not unknown, f"not sacct fields: {unknown}"
+        return {**DEFAULT_ROW, **fields}
+
+    return build
+
+
+@pytest.fixture
+def sacct_line() -> Callable[..., str]:
+    """One line of sacct -P output in slurm.FIELDS order, with the \\x1f delimiter."""
+
+    def build(**fields: str) -> str:
+        row = {**DEFAULT_ROW, **fields}
+        return DELIMITER.join(row[f] for f in FIELDS) + "\n"
+
+    return build
+
+
+@pytest.fixture
+def make_job() -> Callable[..., SlurmJob]:
+    """A finished 2-GPU, 4-core, 1-hour job on gpu1; keyword arguments override."""
+
+    def build(**overrides: Any) -> SlurmJob:
+        values: dict[str, Any] = dict(
+            job_id="4242", job_id_raw="4242", name="train", cluster="gpueffdev",
+            user="alice", account="physics", partition="gpu", state="COMPLETED",
+            exit_code="0:0", elapsed_s=3600, timelimit_s=7200,
+            start="2026-11-20T10:00:00", end="2026-11-20T11:00:00", ncpus=4, nnodes=1,
+            nodelist="gpu1", total_cpu_s=7200.0, alloc_mem_bytes=4000 * 1024**2,
+            max_rss_bytes=1000 * 1024**2, gpus=2,
+        )
+        values.update(overrides)
+        return SlurmJob(**values)
+
+    return build
+
+
+@pytest.fixture
+def make_gpu() -> Callable[..., model.GpuSummary]:
+    """A sampled GPU summary: util/power/memory statistics from the given means."""
+
+    def build(
+        node: str = "gpu1", minor: int = 0, util: float | None = 50.0,
+        util_max: float | None = None, power: float | None = 250.0,
+        mem_used: float | None = 20 * GIB, **overrides: Any,
+    ) -> model.GpuSummary:
+        metrics: dict[str, dict[str, Any]] = {}
+        if util is not None:
+            peak = util if util_max is None else util_max
+            metrics["util"] = {"mean": util, "min": 0.0, "max": peak, "last": util,
+                               "samples": 3600, "seconds": 3599.0}
+        if power is not None:
+            metrics["power_w"] = {"mean": power, "min": 60.0, "max": power, "last": power,
+                                  "samples": 3600, "seconds": 3599.0}
+        if mem_used is not None:
+            metrics["mem_used_bytes"] = {"mean": mem_used, "min": 0.0, "max": mem_used,
+                                         "last": mem_used, "samples": 3600, "seconds": 3599.0}
+        values: dict[str, Any] = dict(
+            node=node, index=minor, minor=minor,
+            uuid=f"GPU-00000000-0000-0000-0000-00000000000{minor}",
+            name="NVIDIA H100 (simulated)", memory_total_bytes=80 * GIB, power_limit_w=700.0,
+            samples=3600, sampled_s=3599.0, metrics=metrics, energy_j=900_000.0,
+            energy_source="counter",
+        )
+        values.update(overrides)
+        return model.GpuSummary(**values)
+
+    return build
+
+
+@pytest.fixture
+def make_summary(make_gpu: Callable[..., model.GpuSummary]) -> Callable[..., model.NodeSummary]:
+    """A node summary; `utils` gives one GPU per value (minor = position)."""
+
+    def build(
+        node: str = "gpu1", status: str = model.COMPLETE, utils: tuple[float | None, ...] = (50.0,),
+        job_id: str = "4242", cluster: str = "gpueffdev", **overrides: Any,
+    ) -> model.NodeSummary:
+        values: dict[str, Any] = dict(
+            cluster=cluster, job_id=job_id, node=node, status=status, user="alice",
+            account="physics", partition="gpu", job_gpus="0,1", interval_s=1.0,
+            started_at=BOOT, sampled_from=BOOT + 1, sampled_until=BOOT + 3600, ended_at=BOOT + 3601,
+            gpus=[make_gpu(node=node, minor=i, util=u) for i, u in enumerate(utils)],
+        )
+        values.update(overrides)
+        return model.NodeSummary(**values)
+
+    return build
+
+
+# --- the simulated NVML -------------------------------------------------------------------
+
+# The devices of simulated node gpu1. NVML enumerates them in file order, which is
+# deliberately not minor order: binding must go by minor number, never by NVML index.
+SIM_DEVICES = [
+    {"minor": 1, "uuid": "GPU-11111111-1111-1111-1111-111111111111", "name": "NVIDIA H100 (sim)",
+     "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 60, "sample_period_s": 0.5},
+    {"minor": 2, "uuid": "GPU-22222222-2222-2222-2222-222222222222", "name": "NVIDIA H100 (sim)",
+     "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 60, "sample_period_s": 1.0},
+    {"minor": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "name": "NVIDIA H100 (sim)",
+     "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 60, "sample_period_s": 0.5},
+    {"minor": 3, "uuid": "GPU-33333333-3333-3333-3333-333333333333", "name": "NVIDIA A100 (sim)",
+     "memory_total_gib": 40, "power_limit_w": 400, "idle_power_w": 50, "sample_period_s": 0.5,
+     "unsupported": ["nvmlDeviceGetTotalEnergyConsumption"]},
+]
+
+
+@dataclass
+class SimNode:
+    """A simulated node `gpu1` in tmp_path, with NVML's clock under the test's control."""
+
+    devices_file: Path
+    state_dir: Path
+    node: str = "gpu1"
+    now: float = BOOT + 1000.0
+    specs: list[dict[str, Any]] = field(default_factory=lambda: SIM_DEVICES)
+
+    def clock(self) -> float:
+        return self.now
+
+    def write_state(
+        self, minor: int, profile: dict[str, Any], started_at: float,
+        ended_at: float | None = None, position: int = 0, prior_extra_j: float = 0.0,
+    ) -> Path:
+        """What `gpueff-sim run` publishes for GPU `minor` (sim/workload.Publisher's keys)."""
+        path = Path(sim.state_path(str(self.state_dir), self.node, minor))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"job_id": "4242", "position": position, "profile": profile,
+                 "started_at": started_at, "ended_at": ended_at, "prior_extra_j": prior_extra_j}
+        path.write_text(json.dumps(state), encoding="utf-8")
+        return path
+
+
+@pytest.fixture
+def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimNode:
+    """Devices file + state dir in tmp_path, the sim's globals isolated, its clock scripted.
+
+    The devices file's mtime (the sim's "driver load") is BOOT; NVML reads time from
+    `sim_node.now`, so every reading is exact.
+    """
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps({"gpu1": SIM_DEVICES}), encoding="utf-8")
+    os.utime(devices, (BOOT, BOOT))
+    node = SimNode(devices_file=devices, state_dir=tmp_path / "state")
+    (node.state_dir / node.node).mkdir(parents=True)  # as cluster.sh makes it: per node
+    monkeypatch.setattr(sim, "_settings", {})
+    monkeypatch.setattr(sim, "_devices", None)
+    monkeypatch.setattr(sim, "time", types.SimpleNamespace(time=node.clock))
+    return node
+
+
+# --- hooks: a site in tmp_path, and the sampler processes it starts -----------------------
+
+
+@dataclass
+class HookSite:
+    root: Path
+    config_path: Path
+    spool_root: Path  # for node gpu1
+    store_path: Path
+    log_path: Path  # for node gpu1
+    monkeypatch: pytest.MonkeyPatch
+    pids: list[int] = field(default_factory=list)
+
+    def export(self, env: dict[str, str]) -> dict[str, str]:
+        """Put `env` in os.environ too, as slurmd does: the sampler inherits the prolog's
+        process environment. Returns env."""
+        for name, value in env.items():
+            self.monkeypatch.setenv(name, value)
+        return env
+
+    def is_running(self, pid: int) -> bool:
+        return runs_under(pid, self.root)
+
+    def stored(self, job_id: str = "4242") -> list[model.NodeSummary]:
+        """What the store holds for the job ([] when there is no store at all)."""
+        if not self.store_path.exists():
+            return []
+        from slurm_gpu_eff.store import Store
+
+        store = Store(str(self.store_path), readonly=True)
+        try:
+            return store.node_summaries(job_id)
+        finally:
+            store.close()
+
+    def configure(self, **sections: dict[str, str]) -> None:
+        """Rewrite the site's config with some keys changed (see write_site_config)."""
+        write_site_config(self.root, **sections)
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        """What slurmd gives a prolog/epilog for job 4242 on gpu1 with GPUs 0 and 2."""
+        env = {
+            "SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "gpu1", "SLURM_JOB_GPUS": "0,2",
+            "SLURM_CLUSTER_NAME": "gpueffdev", "SLURM_JOB_USER": "alice",
+            "SLURM_JOB_ACCOUNT": "physics", "SLURM_JOB_PARTITION": "gpu",
+        }
+        env.update(overrides)
+        return env
+
+    def write_state(self, minor: int, metrics: dict[str, float], started_at: float) -> None:
+        """Make simulated GPU `minor` run `metrics` for an hour from `started_at` (epoch s)."""
+        path = self.root / "state" / "gpu1" / f"gpu{minor}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profile = {"phases": [{"seconds": 3600, "gpus": {"*": metrics}}]}
+        path.write_text(json.dumps({"job_id": "4242", "position": 0, "profile": profile,
+                                    "started_at": started_at, "ended_at": None,
+                                    "prior_extra_j": 0.0}), encoding="utf-8")
+
+    def job_dir(self, job_id: str = "4242") -> Path:
+        return self.spool_root / "jobs" / job_id
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8") if self.log_path.exists() else ""
+
+    def sampler_pid(self, job_id: str = "4242") -> int:
+        pid = int((self.job_dir(job_id) / "sampler.pid").read_text().strip())
+        self.pids.append(pid)
+        return pid
+
+    def wait_for(self, path: Path, timeout: float = 15.0) -> None:
+        """Poll (20 ms) until `path` exists: the sampler's first checkpoint, say."""
+        end = time.monotonic() + timeout
+        while not path.exists():
+            assert time.monotonic() < end, f"{path} did not appear within {timeout} s"
+            time.sleep(0.02)
+
+
+def runs_under(pid: int, root: Path) -> bool:
+    """True while `pid` is alive (not a zombie) with an argument under `root`: a process
+    this test started, not a recycled pid."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            args = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return any(a.startswith(str(root).encode()) for a in args)
+
+
+def write_site_config(root: Path, **sections: dict[str, str]) -> Path:
+    """A gpueff.conf for the sim backend, everything under root; sections override keys."""
+    values: dict[str, dict[str, str]] = {
+        "gpu": {"backend": "sim"},
+        "sim": {"devices": str(root / "devices.json"), "state_dir": str(root / "state")},
+        "sampler": {"interval_s": "0.2", "checkpoint_s": "0.5"},
+        "hooks": {"python": sys.executable, "timeout_s": "10"},
+        "spool": {"dir": str(root / "spool" / "%n")},
+        "store": {"path": str(root / "store" / "gpueff.db")},
+        "log": {"file": str(root / "log" / "%n.log")},
+    }
+    for name, keys in sections.items():
+        values.setdefault(name, {}).update(keys)
+    text = "".join(
+        f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
+        for name, keys in values.items()
+    )
+    path = root / "gpueff.conf"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def hook_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HookSite]:
+    """GPUEFF_CONFIG -> a sim site in tmp_path. Every sampler started is killed and reaped
+    at teardown, and the SIGALRM handler the hooks install is put back."""
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps({"gpu1": SIM_DEVICES}), encoding="utf-8")
+    config = write_site_config(tmp_path)
+    monkeypatch.setenv("GPUEFF_CONFIG", str(config))
+    site = HookSite(
+        root=tmp_path, config_path=config, spool_root=tmp_path / "spool" / "gpu1",
+        store_path=tmp_path / "store" / "gpueff.db", log_path=tmp_path / "log" / "gpu1.log",
+        monkeypatch=monkeypatch,
+    )
+    for name in [n for n in os.environ if n.startswith("SLURM")]:
+        monkeypatch.delenv(name)  # a suite run inside a Slurm job must not leak its job in
+    alarm = signal.getsignal(signal.SIGALRM)
+    yield site
+    signal.signal(signal.SIGALRM, alarm)
+    for pid_file in tmp_path.glob("spool/*/jobs/*/sampler.pid"):
+        try:
+            site.pids.append(int(pid_file.read_text().strip()))
+        except (OSError, ValueError):
+            pass
+    for pid in set(site.pids):
+        if runs_under(pid, tmp_path):
+            os.kill(pid, signal.SIGKILL)
+        try:  # samplers started in-process are our children: reap them
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass

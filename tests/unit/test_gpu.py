@@ -1,0 +1,212 @@
+"""gpu.py with the sim backend: binding by minor number, None for unsupported, GpuLost."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from slurm_gpu_eff.config import Config
+from slurm_gpu_eff.errors import BindingError, GpuAccessError, GpuLost
+from slurm_gpu_eff.gpu import GpuSession, load_nvml
+from slurm_gpu_eff.sim import nvml as sim
+
+GIB = 1024**3
+BOOT = 1_700_000_000.0
+UUID = {m: f"GPU-{str(m) * 8}-{str(m) * 4}-{str(m) * 4}-{str(m) * 4}-{str(m) * 12}"
+        for m in range(4)}
+
+
+def session(sim_node: Any) -> GpuSession:
+    config = Config(gpu_backend="sim", sim_devices=str(sim_node.devices_file),
+                    sim_state_dir=str(sim_node.state_dir))
+    return GpuSession(config, sim_node.node)
+
+
+def test_load_nvml_gives_the_simulation_for_the_sim_backend(sim_node: Any) -> None:
+    config = Config(gpu_backend="sim", sim_devices=str(sim_node.devices_file),
+                    sim_state_dir=str(sim_node.state_dir))
+    assert load_nvml(config, "gpu1") is sim
+    assert {k: sim._settings[k] for k in ("devices_file", "state_dir", "node")} == {
+        "devices_file": str(sim_node.devices_file), "state_dir": str(sim_node.state_dir),
+        "node": "gpu1"}
+
+
+def test_load_nvml_without_pynvml_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    with pytest.raises(GpuAccessError, match=r"pynvml is not installed \(pip install nvidia-ml-py\)"):
+        load_nvml(Config(), "gpu1")
+
+
+def test_bind_resolves_minor_numbers_and_keeps_their_order(sim_node: Any) -> None:
+    # NVML enumerates minors 1, 2, 0, 3: NVML index 2 is minor 0, NVML index 0 is minor 1
+    gpus = session(sim_node).bind([2, 0])
+    assert [g.minor for g in gpus] == [2, 0]
+    assert [g.index for g in gpus] == [2, 0]
+    assert [g.uuid for g in gpus] == [UUID[2], UUID[0]]
+
+
+def test_bound_gpu_knows_its_name_memory_and_power_limit(sim_node: Any) -> None:
+    (a100,) = session(sim_node).bind([3])
+    assert a100.name == "NVIDIA A100 (sim)"
+    assert a100.memory_total_bytes == 40 * GIB
+    assert a100.power_limit_w == 400.0
+
+
+def test_binding_a_minor_that_does_not_exist_fails(sim_node: Any) -> None:
+    with pytest.raises(BindingError, match="no GPU with minor number 7 on this node"):
+        session(sim_node).bind([0, 7])
+
+
+def test_a_uuid_binds_to_its_device(sim_node: Any) -> None:
+    (gpu,) = session(sim_node).bind([UUID[2]])
+    assert (gpu.minor, gpu.index, gpu.uuid) == (2, 2, UUID[2])
+
+
+def test_an_unknown_uuid_fails(sim_node: Any) -> None:
+    with pytest.raises(BindingError, match="with UUID GPU-deadbeef on this node"):
+        session(sim_node).bind(["GPU-deadbeef"])
+
+
+def test_a_missing_devices_file_is_a_gpu_access_error(sim_node: Any) -> None:
+    config = Config(gpu_backend="sim", sim_devices=str(sim_node.devices_file) + ".absent",
+                    sim_state_dir=str(sim_node.state_dir))
+    with pytest.raises(GpuAccessError, match="NVML cannot start: Driver Not Loaded"):
+        GpuSession(config, "gpu1")
+
+
+def test_read_returns_what_the_workload_does(sim_node: Any) -> None:
+    profile = {"phases": [{"seconds": 100, "gpus": {"*": {
+        "util": 75, "mem_util": 40, "mem_used_gib": 12, "power_w": 420}}}]}
+    sim_node.write_state(0, profile, started_at=BOOT + 950.0)
+    (gpu,) = session(sim_node).bind([0])  # at BOOT + 1000
+    sim_node.now = BOOT + 1001.0  # two 0.5 s driver windows later
+    reading = gpu.read()
+    assert reading.time == BOOT + 1001.0
+    assert (reading.util, reading.mem_util) == (75.0, 40.0)
+    assert reading.util_samples == [(75.0, 0.5), (75.0, 0.5)]  # every driver window
+    assert reading.mem_util_samples == [(40.0, 0.5), (40.0, 0.5)]
+    assert reading.mem_used_bytes == 12.0 * GIB
+    assert reading.power_w == 420.0
+    # 1001 s of 60 W idle, then 51 s at 420 W: 60060 + 51 * 360 J, in mJ
+    assert reading.energy_mj == 78_420_000
+    assert (reading.temp_c, reading.sm_clock_mhz) == (32.0, 345.0)  # idle: not in the profile
+    assert reading.processes == 1
+
+
+def test_no_new_driver_window_is_no_utilisation_reading(sim_node: Any) -> None:
+    (gpu,) = session(sim_node).bind([0])
+    reading = gpu.read()  # the same instant as the bind: no window has closed since
+    assert (reading.util, reading.util_samples) == (None, [])
+    assert reading.power_w == 60.0
+
+
+def test_unsupported_metric_reads_none_not_zero(sim_node: Any) -> None:
+    (a100,) = session(sim_node).bind([3])  # its spec: energy counter unsupported
+    sim_node.now += 1.0
+    reading = a100.read()
+    assert reading.energy_mj is None
+    assert (reading.util, reading.power_w) == (0.0, 50.0)  # idle, but measured
+    assert a100.unsupported == {"nvmlDeviceGetTotalEnergyConsumption"}
+    assert a100.errors == []
+
+
+def not_supported(calls: list[str], name: str) -> Any:
+    def function(*args: Any) -> Any:
+        calls.append(name)
+        raise sim.NVMLError(sim.NVML_ERROR_NOT_SUPPORTED)
+
+    return function
+
+
+def test_utilisation_falls_back_to_rates_without_driver_samples(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    profile = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 35, "mem_util": 15}}}]}
+    sim_node.write_state(0, profile, started_at=BOOT + 950.0)
+    (gpu,) = session(sim_node).bind([0])
+    calls: list[str] = []
+    monkeypatch.setattr(sim, "nvmlDeviceGetSamples", not_supported(calls, "samples"))
+    sim_node.now += 1.0
+    reading = gpu.read()
+    assert (reading.util, reading.mem_util) == (35.0, 15.0)
+    assert (reading.util_samples, reading.mem_util_samples) == (None, None)
+    assert "nvmlDeviceGetSamples" in gpu.unsupported
+
+
+def test_unsupported_utilisation_reads_none_and_is_not_asked_again(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (gpu,) = session(sim_node).bind([0])
+    calls: list[str] = []
+    monkeypatch.setattr(sim, "nvmlDeviceGetSamples", not_supported(calls, "samples"))
+    monkeypatch.setattr(sim, "nvmlDeviceGetUtilizationRates", not_supported(calls, "rates"))
+    monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", not_supported(calls, "power"))
+    first, second = gpu.read(), gpu.read()
+    for reading in (first, second):
+        assert (reading.util, reading.mem_util, reading.power_w) == (None, None, None)
+        assert reading.mem_used_bytes == 0.0  # measured: zero is a value
+    assert calls.count("rates") == 1 and calls.count("power") == 1
+    assert calls.count("samples") == 1
+
+
+def test_a_function_missing_from_the_library_reads_none(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (gpu,) = session(sim_node).bind([0])
+    monkeypatch.delattr(sim, "nvmlDeviceGetPowerUsage")  # an old pynvml without it
+    assert gpu.read().power_w is None
+
+
+def test_a_passing_error_costs_one_reading_not_the_metric(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (gpu,) = session(sim_node).bind([0])
+    real = sim.nvmlDeviceGetPowerUsage
+
+    def flaky(handle: Any) -> int:
+        monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", real)
+        raise sim.NVMLError_Unknown()
+
+    monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", flaky)
+    sim_node.now += 1.0
+    assert gpu.read().power_w is None
+    assert gpu.errors == ["nvmlDeviceGetPowerUsage: Unknown Error"]
+    sim_node.now += 1.0
+    assert gpu.read().power_w == 60.0  # tried again, and it works
+    assert gpu.errors == ["nvmlDeviceGetPowerUsage: Unknown Error"]
+    assert "nvmlDeviceGetPowerUsage" not in gpu.unsupported
+
+
+def test_gpu_is_lost_raises_model_gpulost(sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    (gpu,) = session(sim_node).bind([2])
+
+    def lost(handle: Any) -> Any:
+        raise sim.NVMLError(sim.NVML_ERROR_GPU_IS_LOST)
+
+    monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", lost)
+    with pytest.raises(GpuLost) as raised:
+        gpu.read()
+    assert str(raised.value) == f"GPU minor 2 ({UUID[2]}) is lost"
+    assert isinstance(raised.value.__cause__, sim.NVMLError_GpuIsLost)
+
+
+def test_a_gpu_lost_in_the_workload_raises_gpulost(sim_node: Any) -> None:
+    profile = {"phases": [{"seconds": 5, "gpus": {"*": {"util": 90}}},
+                          {"seconds": 60, "gpus": {"*": {"lost": True}}}]}
+    sim_node.write_state(2, profile, started_at=BOOT + 998.0)
+    (gpu,) = session(sim_node).bind([2])  # BOOT + 1000: still there
+    sim_node.now = BOOT + 1002.0
+    assert gpu.read().util == 90.0
+    sim_node.now = BOOT + 1004.0  # it fell off the bus at BOOT + 1003
+    with pytest.raises(GpuLost, match="GPU minor 2"):
+        gpu.read()
+
+
+def test_close_shuts_nvml_down_and_tolerates_a_second_close(sim_node: Any) -> None:
+    gpus_session = session(sim_node)
+    gpus_session.close()
+    with pytest.raises(sim.NVMLError_Uninitialized):
+        sim.nvmlDeviceGetCount()
+    gpus_session.close()  # NVMLError_Uninitialized is swallowed

@@ -1,0 +1,119 @@
+"""Hot-path imports and module layering, checked on the sources (ast) and in fresh
+interpreters, so that a convenient import cannot slow every job's prolog down."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "slurm_gpu_eff"
+HEAVY = ("sqlite_utils", "jinja2", "click")
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """Absolute names of everything `name` imports (relative imports resolved), plus
+    importlib.import_module("x") / __import__("x") calls with a literal name."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value)
+    return found
+
+
+def test_the_import_scanner_sees_relative_and_dynamic_imports() -> None:
+    found = imports("slurm_gpu_eff.gpu", PACKAGE / "gpu.py")
+    assert {"slurm_gpu_eff.config", "slurm_gpu_eff.sim.nvml", "pynvml"} <= found
+    assert "slurm_gpu_eff.config" in imports("slurm_gpu_eff.sim.cli", PACKAGE / "sim" / "cli.py")
+    assert len(modules()) >= 20
+
+
+def test_nothing_imports_the_cli() -> None:
+    offenders = {
+        name for name, path in modules().items()
+        if name != "slurm_gpu_eff.cli" and "slurm_gpu_eff.cli" in imports(name, path)
+    }
+    assert offenders == set()
+
+
+def test_only_gpu_py_imports_pynvml() -> None:
+    users = {
+        str(path.relative_to(PACKAGE.parent)) for name, path in modules().items()
+        if any(i == "pynvml" or i.startswith("pynvml.") for i in imports(name, path))
+    }
+    assert users == {"slurm_gpu_eff/gpu.py"}
+
+
+def test_model_and_errors_import_only_the_standard_library() -> None:
+    for name in ("slurm_gpu_eff.model", "slurm_gpu_eff.errors", "slurm_gpu_eff.stats"):
+        outside = {
+            i for i in imports(name, modules()[name])
+            if i.split(".")[0] not in sys.stdlib_module_names
+            and not i.startswith(("slurm_gpu_eff.errors", "__future__"))
+        }
+        assert outside == set(), name
+
+
+def loaded_after(code: str) -> dict[str, bool]:
+    """Run `code` in a fresh isolated interpreter; which heavy modules got loaded."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))"
+    done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "module", ["slurm_gpu_eff.hooks", "slurm_gpu_eff.sampler", "slurm_gpu_eff.gpu"],
+)
+def test_hot_path_imports_stay_light(module: str) -> None:
+    assert loaded_after(f"import {module}") == dict.fromkeys(HEAVY, False)
+
+
+def test_all_hot_paths_together_and_a_sim_session_stay_light(tmp_path: Path) -> None:
+    devices = tmp_path / "devices.json"
+    devices.write_text('{"n": [{"minor": 0, "uuid": "GPU-0"}]}')
+    code = (
+        "import slurm_gpu_eff.hooks, slurm_gpu_eff.sampler, slurm_gpu_eff.gpu\n"
+        "from slurm_gpu_eff.config import Config\n"
+        "from slurm_gpu_eff.gpu import GpuSession\n"
+        f"s = GpuSession(Config(gpu_backend='sim', sim_devices={str(devices)!r}, "
+        f"sim_state_dir={str(tmp_path)!r}), 'n')\n"
+        "assert [g.minor for g in s.bind([0])] == [0]\n"
+    )
+    assert loaded_after(code) == dict.fromkeys(HEAVY, False)
+
+
+def test_the_probe_would_notice_a_heavy_import() -> None:
+    assert loaded_after("import slurm_gpu_eff.render")["jinja2"] is True
+    assert loaded_after("import slurm_gpu_eff.store")["sqlite_utils"] is True

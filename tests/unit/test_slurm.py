@@ -1,0 +1,303 @@
+"""slurm.py: sacct -P text -> rows -> SlurmJob, checked against fixtures in tests/fixtures/sacct.
+
+Fixture files use slurm.FIELDS in order and the \\x1f delimiter, one per job shape.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu_eff.errors import JobNotFound, SlurmError, UsageError
+from slurm_gpu_eff.slurm import (
+    DELIMITER,
+    FIELDS,
+    check_job_id,
+    get_job,
+    job_from_rows,
+    parse_duration,
+    parse_rows,
+    parse_size,
+    parse_tres,
+)
+
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sacct"
+
+
+# --- parse_rows ----------------------------------------------------------------------------
+
+def test_fixtures_have_exactly_the_fields_asked_for() -> None:
+    for path in sorted(FIXTURES.glob("*.txt")):
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        rows = parse_rows(text)
+        assert rows, path.name
+        assert all(list(r) == list(FIELDS) for r in rows), path.name
+
+
+def test_parse_rows_of_a_completed_2gpu_job(sacct_fixture: Callable[[str], str]) -> None:
+    rows = parse_rows(sacct_fixture("completed_2gpu.txt"))
+    assert [r["JobID"] for r in rows] == ["4242", "4242.batch", "4242.extern", "4242.0"]
+    assert rows[0]["AllocTRES"] == "billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1"
+    assert rows[0]["MaxRSS"] == ""
+    assert rows[3]["MaxRSS"] == "2048000K"
+    assert rows[1]["User"] == "" and rows[1]["TimelimitRaw"] == ""
+
+
+def test_parse_rows_stitches_a_name_split_by_a_newline(sacct_fixture: Callable[[str], str]) -> None:
+    rows = parse_rows(sacct_fixture("name_with_newline.txt"))
+    assert [r["JobID"] for r in rows] == ["4244", "4244.batch"]
+    assert rows[0]["JobName"] == "evil\nBcc: root@example.org"
+    assert rows[0]["State"] == "CANCELLED by 1000"
+    assert rows[0]["JobIDRaw"] == "4244"  # nothing shifted
+
+
+def test_parse_rows_stitches_names_with_several_and_empty_lines(
+    sacct_line: Callable[..., str],
+) -> None:
+    text = sacct_line(JobName="a\n\nb\n") + sacct_line(JobID="4242.batch", JobName="batch")
+    rows = parse_rows(text)
+    assert [r["JobName"] for r in rows] == ["a\n\nb\n", "batch"]
+    assert rows[0]["NodeList"] == "gpu1"
+
+
+def test_parse_rows_of_nothing() -> None:
+    assert parse_rows("") == []
+    assert parse_rows("\n") == []
+
+
+def test_too_many_columns_is_an_error(sacct_line: Callable[..., str]) -> None:
+    text = sacct_line().rstrip("\n") + DELIMITER + "extra\n"
+    with pytest.raises(SlurmError) as raised:
+        parse_rows(text)
+    assert str(raised.value) == f"sacct returned {len(FIELDS) + 1} columns, expected {len(FIELDS)}"
+
+
+def test_a_missing_column_is_an_error_not_a_shift(sacct_line: Callable[..., str]) -> None:
+    short = DELIMITER.join(sacct_line().rstrip("\n").split(DELIMITER)[:-1])  # an older Slurm
+    with pytest.raises(SlurmError, match="sacct output ended in the middle of a row"):
+        parse_rows(short + "\n")
+    # two short rows stitch into one of 17 + 17 + 1 delimiters: never read as two rows
+    with pytest.raises(SlurmError, match=f"sacct returned {2 * len(FIELDS) - 3} columns"):
+        parse_rows(short + "\n" + short + "\n")
+
+
+# --- job_from_rows -------------------------------------------------------------------------
+
+def test_completed_2gpu_job_efficiencies_as_seff(sacct_fixture: Callable[[str], str]) -> None:
+    job = job_from_rows("4242", parse_rows(sacct_fixture("completed_2gpu.txt")))
+    assert (job.job_id, job.job_id_raw, job.name) == ("4242", "4242", "train-resnet")
+    assert (job.cluster, job.user, job.account, job.partition) == (
+        "gpueffdev", "alice", "physics", "gpu")
+    assert (job.state, job.exit_code, job.running) == ("COMPLETED", "0:0", False)
+    assert (job.elapsed_s, job.timelimit_s) == (3600, 7200)
+    assert (job.ncpus, job.nnodes, job.nodelist, job.gpus) == (4, 1, "gpu2", 2)
+    assert job.total_cpu_s == 8640.0  # 02:24:00
+    assert job.alloc_mem_bytes == 4000 * MIB
+    assert job.max_rss_bytes == 2048000 * KIB  # the largest step, step 0
+    # seff: TotalCPU / (ElapsedRaw * NCPUS); max step MaxRSS / allocated memory
+    assert job.cpu_efficiency == pytest.approx(100 * 8640 / (3600 * 4), abs=1e-12)  # 60 %
+    assert job.mem_efficiency == pytest.approx(100 * 2048000 * KIB / (4000 * MIB), abs=1e-12)
+
+
+def test_running_1gpu_job_has_no_efficiencies_yet(sacct_fixture: Callable[[str], str]) -> None:
+    job = job_from_rows("1", parse_rows(sacct_fixture("running_1gpu.txt")))
+    assert (job.state, job.running, job.end) == ("RUNNING", True, "Unknown")
+    assert (job.elapsed_s, job.timelimit_s, job.gpus) == (2, None, 1)  # UNLIMITED
+    assert job.max_rss_bytes is None  # no step has reported yet
+    assert job.cpu_efficiency is None
+    assert job.mem_efficiency is None
+
+
+def test_cancelled_job_state_drops_by_whom(sacct_fixture: Callable[[str], str]) -> None:
+    job = job_from_rows("4244", parse_rows(sacct_fixture("name_with_newline.txt")))
+    assert job.state == "CANCELLED"
+    assert job.name == "evil\nBcc: root@example.org"
+    assert job.total_cpu_s == 30.5
+    assert job.cpu_efficiency == pytest.approx(100 * 30.5 / (61 * 2), abs=1e-12)  # 25 %
+    assert job.mem_efficiency == pytest.approx(100 * 524288 * KIB / (2000 * MIB), abs=1e-12)
+
+
+def test_cpu_only_two_node_job(sacct_fixture: Callable[[str], str]) -> None:
+    job = job_from_rows("4245", parse_rows(sacct_fixture("cpu_only.txt")))
+    assert (job.gpus, job.nnodes, job.nodelist, job.state) == (0, 2, "gpu[1-2]", "FAILED")
+    assert job.total_cpu_s == 93784.0  # 1-02:03:04
+    assert job.cpu_efficiency == pytest.approx(100 * 93784 / (23446 * 8), abs=1e-12)  # 50 %
+    assert job.max_rss_bytes == 4096000 * KIB
+    assert job.mem_efficiency == pytest.approx(50.0, abs=1e-12)
+    assert job.timelimit_s == 1440 * 60
+
+
+def test_steps_of_another_job_are_not_counted(sacct_row: Callable[..., dict[str, str]]) -> None:
+    rows = [
+        sacct_row(),
+        sacct_row(JobID="4242.0", JobIDRaw="4242.0", MaxRSS="100K"),
+        sacct_row(JobID="42420", JobIDRaw="42420"),
+        sacct_row(JobID="42420.0", JobIDRaw="42420.0", MaxRSS="999999K"),
+    ]
+    job = job_from_rows("4242", rows)
+    assert (job.job_id, job.max_rss_bytes) == ("4242", 100 * KIB)
+
+
+def test_the_job_asked_for_is_chosen_by_raw_id(sacct_row: Callable[..., dict[str, str]]) -> None:
+    rows = [sacct_row(JobID="100_1", JobIDRaw="101", JobName="task1"),
+            sacct_row(JobID="100_2", JobIDRaw="102", JobName="task2")]
+    assert job_from_rows("102", rows).name == "task2"
+    assert job_from_rows("100_1", rows).name == "task1"
+
+
+def test_typed_gres_counts_when_there_is_no_plain_gres(
+    sacct_row: Callable[..., dict[str, str]],
+) -> None:
+    rows = [sacct_row(AllocTRES="cpu=8,gres/gpu:a100=2,gres/gpu:v100=1,mem=8G,node=1")]
+    assert job_from_rows("4242", rows).gpus == 3
+    rows = [sacct_row(AllocTRES="cpu=8,gres/gpu=2,gres/gpu:a100=2,mem=8G,node=1")]
+    assert job_from_rows("4242", rows).gpus == 2  # not counted twice
+
+
+def test_pending_job_has_no_efficiency(sacct_row: Callable[..., dict[str, str]]) -> None:
+    job = job_from_rows("4242", [sacct_row(State="PENDING", ElapsedRaw="0", AllocTRES="")])
+    assert (job.running, job.elapsed_s, job.gpus, job.alloc_mem_bytes) == (True, 0, 0, None)
+    assert job.cpu_efficiency is None and job.mem_efficiency is None
+
+
+def test_only_steps_or_nothing_is_job_not_found(sacct_row: Callable[..., dict[str, str]]) -> None:
+    with pytest.raises(JobNotFound, match="job 4242 is not in Slurm's accounting"):
+        job_from_rows("4242", [])
+    with pytest.raises(JobNotFound):
+        job_from_rows("4242", [sacct_row(JobID="4242.batch")])
+
+
+# --- field parsers ---------------------------------------------------------------------------
+
+def test_parse_tres() -> None:
+    assert parse_tres("billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1") == {
+        "billing": 4, "cpu": 4, "gres/gpu": 2, "mem": 4000 * MIB, "node": 1,
+    }
+    assert parse_tres("cpu=2,mem=1.5G,energy=,junk") == {"cpu": 2, "mem": int(1.5 * GIB)}
+    assert parse_tres("") == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1234K", 1234 * KIB), ("4000M", 4000 * MIB), ("1.5G", int(1.5 * GIB)),
+        ("2T", 2 * 1024**4), ("0", 0), ("512", 512), ("4000Mn", 4000 * MIB),
+        ("100Kc", 100 * KIB), (" 8G ", 8 * GIB),
+        ("", None), ("abc", None), ("1.2.3K", None), ("12X", None), ("-5K", None),
+    ],
+)
+def test_parse_size(text: str, expected: int | None) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1-02:03:04", 86400 + 2 * 3600 + 3 * 60 + 4),
+        ("02:03:04", 2 * 3600 + 3 * 60 + 4),
+        ("02:03", 2 * 60 + 3),  # MM:SS, as sacct prints times under an hour
+        ("00:01.500", 1.5),
+        ("12:34.567", 12 * 60 + 34.567),
+        ("1-02:03", 86400 + 2 * 3600 + 3 * 60),  # D-HH:MM
+        ("00:00:00", 0.0),
+        ("", 0.0),
+        ("  ", 0.0),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds, abs=1e-9)
+
+
+@pytest.mark.parametrize("job_id", ["1234", "1234_7", "1234+1", " 1234 ", "1234_7+0"])
+def test_check_job_id_accepts(job_id: str) -> None:
+    assert check_job_id(job_id) == job_id.strip()
+
+
+@pytest.mark.parametrize(
+    "job_id", ["12;rm", "", "-1", "1234.batch", "1234_[1-3]", "abc", "12 34", "$(id)", "1234\n5"],
+)
+def test_check_job_id_rejects(job_id: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        check_job_id(job_id)
+    assert str(raised.value) == (
+        f"{job_id.strip()!r} is not a Slurm job id (like 1234, 1234_7 or 1234+1)"
+    )
+
+
+# --- get_job, through a fake sacct on PATH -------------------------------------------------------
+
+def fake_sacct(directory: Path, body: str) -> Path:
+    script = directory / "sacct"
+    script.write_text("#!/bin/sh\n" + body, encoding="utf-8")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_get_job_runs_sacct_from_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args_file = tmp_path / "args"
+    fake_sacct(tmp_path, f'printf "%s\\n" "$@" > {args_file}\n'
+                         f'cat {FIXTURES / "completed_2gpu.txt"}\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    job = get_job("4242")
+    assert (job.job_id, job.gpus, job.max_rss_bytes) == ("4242", 2, 2048000 * KIB)
+    assert job.cpu_efficiency == pytest.approx(60.0, abs=1e-12)
+    assert args_file.read_text().splitlines() == [
+        "-j", "4242", "-P", "-n", f"--delimiter={DELIMITER}", "--format=" + ",".join(FIELDS),
+    ]
+
+
+def test_get_job_with_an_explicit_sacct_path(tmp_path: Path) -> None:
+    script = fake_sacct(tmp_path, f'cat {FIXTURES / "name_with_newline.txt"}\n')
+    assert get_job("4244", str(script)).name == "evil\nBcc: root@example.org"
+
+
+def test_sacct_failure_is_a_slurm_error_with_its_message(tmp_path: Path) -> None:
+    script = fake_sacct(tmp_path, 'echo "sacct: error: Problem talking to the database: '
+                                  'Connection refused" >&2\necho "second line" >&2\nexit 1\n')
+    with pytest.raises(SlurmError) as raised:
+        get_job("4242", str(script))
+    assert str(raised.value) == (
+        "sacct failed: sacct: error: Problem talking to the database: Connection refused"
+    )
+
+
+def test_sacct_failure_without_a_message(tmp_path: Path) -> None:
+    script = fake_sacct(tmp_path, "exit 2\n")
+    with pytest.raises(SlurmError, match="sacct failed: no message"):
+        get_job("4242", str(script))
+
+
+def test_missing_sacct_binary_is_a_slurm_error(tmp_path: Path) -> None:
+    with pytest.raises(SlurmError) as raised:
+        get_job("4242", str(tmp_path / "nonexistent" / "sacct"))
+    assert "not found: is Slurm's client installed and on PATH?" in str(raised.value)
+
+
+def test_sacct_knows_nothing_of_the_job(tmp_path: Path) -> None:
+    script = fake_sacct(tmp_path, "exit 0\n")
+    with pytest.raises(JobNotFound, match="job 999 is not in Slurm's accounting"):
+        get_job("999", str(script))
+
+
+def test_a_bad_job_id_never_reaches_sacct(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    script = fake_sacct(tmp_path, f"touch {ran}\n")
+    with pytest.raises(UsageError):
+        get_job("1;touch /tmp/x", str(script))
+    assert not ran.exists()
+
+
+def test_a_job_name_that_is_not_utf8_does_not_break_the_report(
+    tmp_path: Path, sacct_line: Callable[..., str],
+) -> None:
+    fixture = tmp_path / "latin1_name.txt"
+    fixture.write_bytes(sacct_line(JobName="caf\udce9").encode("utf-8", "surrogateescape"))
+    assert b"caf\xe9\x1f" in fixture.read_bytes()  # as sbatch -J $'caf\xe9' stores it
+    script = fake_sacct(tmp_path, f"cat {fixture}\n")
+    job = get_job("4242", str(script))
+    assert job.name.startswith("caf") and job.gpus == 2

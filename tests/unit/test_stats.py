@@ -1,0 +1,91 @@
+"""stats.Stat: streaming time-weighted statistics (the sampler's accumulator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_gpu_eff.stats import Stat
+
+
+def test_mean_is_weighted_by_the_time_each_reading_stands_for() -> None:
+    stat = Stat()
+    stat.add(10.0, 0.0)  # the first reading stands for no time
+    stat.add(20.0, 1.0)
+    stat.add(50.0, 3.0)
+    # (20*1 + 50*3) / (1 + 3); the unweighted mean would be 26.67
+    assert stat.mean == pytest.approx(42.5, abs=1e-12)
+    assert (stat.min, stat.max, stat.last) == (10.0, 50.0, 50.0)
+    assert (stat.samples, stat.seconds) == (3, 4.0)
+
+
+def test_a_late_reading_counts_for_its_longer_interval() -> None:
+    stat = Stat()
+    for value, seconds in [(0.0, 0.0), (100.0, 1.0), (100.0, 1.0), (0.0, 8.0)]:
+        stat.add(value, seconds)
+    assert stat.mean == pytest.approx(20.0, abs=1e-12)  # 200 / 10
+
+
+def test_none_is_not_measured_not_zero() -> None:
+    stat = Stat()
+    stat.add(80.0, 0.0)
+    stat.add(80.0, 2.0)
+    stat.add(None, 5.0)  # a failed reading: neither a zero nor time
+    stat.add(40.0, 2.0)
+    assert stat.mean == pytest.approx(60.0, abs=1e-12)  # (160 + 80) / 4
+    assert stat.min == 40.0
+    assert stat.last == 40.0  # None does not become the last value
+    assert (stat.samples, stat.seconds) == (3, 4.0)
+
+
+def test_only_none_readings_leave_everything_unmeasured() -> None:
+    stat = Stat()
+    stat.add(None, 1.0)
+    stat.add(None, 1.0)
+    assert stat.to_dict() == {
+        "mean": None, "min": None, "max": None, "last": None, "samples": 0, "seconds": 0.0,
+    }
+
+
+def test_a_single_zero_weight_reading_is_its_own_mean() -> None:
+    stat = Stat()
+    stat.add(37.0, 0.0)
+    assert stat.mean == 37.0
+    assert stat.to_dict() == {
+        "mean": 37.0, "min": 37.0, "max": 37.0, "last": 37.0, "samples": 1, "seconds": 0.0,
+    }
+
+
+def test_zero_weight_first_reading_counts_for_min_max_but_not_the_mean() -> None:
+    stat = Stat()
+    stat.add(0.0, 0.0)
+    stat.add(90.0, 0.5)
+    assert stat.mean == 90.0
+    assert (stat.min, stat.max) == (0.0, 90.0)
+
+
+def test_zero_is_a_real_reading() -> None:
+    stat = Stat()
+    stat.add(0.0, 0.0)
+    stat.add(0.0, 1.0)
+    assert (stat.mean, stat.min, stat.max, stat.last, stat.samples) == (0.0, 0.0, 0.0, 0.0, 2)
+
+
+def test_to_dict_rounds_seconds_to_milliseconds() -> None:
+    stat = Stat()
+    stat.add(1.0, 0.0)
+    stat.add(3.0, 0.12345)
+    stat.add(5.0, 0.2)
+    data = stat.to_dict()
+    assert data["seconds"] == 0.323
+    assert data["mean"] == pytest.approx((3.0 * 0.12345 + 5.0 * 0.2) / 0.32345, abs=1e-12)
+    assert (data["min"], data["max"], data["last"], data["samples"]) == (1.0, 5.0, 5.0, 3)
+
+
+def test_memory_is_constant_whatever_the_number_of_readings() -> None:
+    stat = Stat()
+    for i in range(10_000):
+        stat.add(float(i % 100), 1.0)
+    assert not hasattr(stat, "__dict__")  # __slots__: no list of readings can hide here
+    assert stat.samples == 10_000
+    assert stat.mean == pytest.approx(49.5, abs=1e-9)
+    assert (stat.min, stat.max, stat.last) == (0.0, 99.0, 99.0)
