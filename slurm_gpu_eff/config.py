@@ -40,6 +40,7 @@ class Config:
         stop_wait_s: float = 3.0,  # how long the epilog waits for the sampler to flush
         python: str = sys.executable,  # interpreter for the processes the hooks start
         sacct: str = "sacct",
+        hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
         self.gpu_backend = gpu_backend
@@ -56,6 +57,8 @@ class Config:
         self.stop_wait_s = stop_wait_s
         self.python = python
         self.sacct = sacct
+        # [hints] as written: the hints module knows its rules and checks these itself.
+        self.hints: dict[str, str] = dict(hints or {})
 
     def spool_for(self, node: str) -> str:
         return expand(self.spool_dir, node)
@@ -106,7 +109,10 @@ def load_config(path: str | None = None) -> Config:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
     known = {(section, key): (name, kind) for section, key, name, kind in _KEYS}
     values: dict[str, object] = {}
+    hints = {key: text for (section, key), text in raw.items() if section == "hints"}
     for (section, key), text in raw.items():
+        if section == "hints":
+            continue
         if (section, key) not in known:
             raise ConfigError(f"{path}: unknown setting [{section}] {key}")
         name, kind = known[(section, key)]
@@ -119,7 +125,7 @@ def load_config(path: str | None = None) -> Config:
         if kind is float and not value > 0:
             raise ConfigError(f"{path}: [{section}] {key} must be greater than 0")
         values[name] = value
-    config = Config(path, **values)  # type: ignore[arg-type]
+    config = Config(path, hints=hints, **values)  # type: ignore[arg-type]
     if config.gpu_backend not in ("nvml", "sim"):
         raise ConfigError(f"{path}: [gpu] backend must be 'nvml' or 'sim'")
     if config.gpu_backend == "sim" and not (config.sim_devices and config.sim_state_dir):
