@@ -37,6 +37,11 @@ $(VENV)/.installed: pyproject.toml
 lint: venv
 	$(VENV)/bin/ruff check slurm_gpu_eff tests bench scripts
 	$(VENV)/bin/mypy
+	$(PY) scripts/gen_hints_doc.py --check
+
+# docs/hints.md is generated from the rules themselves, so it cannot drift (lint checks).
+docs: venv
+	$(PY) scripts/gen_hints_doc.py
 
 unit: venv
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

@@ -48,12 +48,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> str:
+    from .hints import HintSettings
     from .render import render_json, render_text
     from .report import GroupReport, JobReport, build_group, build_report
     from .slurm import get_jobs
     from .store import Store
 
     config = load_config(args.config)
+    settings = HintSettings.from_config(config.hints)
     jobs = get_jobs(args.job_id, config.sacct)
     store = Store(config.store_path, readonly=True)
     try:
@@ -62,9 +64,9 @@ def cmd_report(args: argparse.Namespace) -> str:
         store.close()
     report: JobReport | GroupReport
     if len(parts) == 1:
-        report = build_report(*parts[0])
+        report = build_report(*parts[0], settings)
     else:
-        report = build_group(args.job_id, parts)
+        report = build_group(args.job_id, parts, settings)
     return render_json(report) if args.json else render_text(report)
 
 

@@ -31,6 +31,15 @@ def fraction(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.0f}%"
 
 
+def evidence(value: Any) -> str:
+    """An evidence figure, compact: lists and nested dicts on one line."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, dict)):
+        return clean(json.dumps(value, separators=(",", ":")))
+    return clean(value)
+
+
 def size(value: float | None) -> str:
     """Bytes for people: MiB under a GiB, GiB above."""
     if value is None:
@@ -76,7 +85,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(
         clean=clean, pct=pct, fraction=fraction, gib=gib, size=size, hms=hms, watts=watts,
-        joules=joules, clocktime=clocktime,
+        joules=joules, clocktime=clocktime, evidence=evidence,
     )
     return env
 

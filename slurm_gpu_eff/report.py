@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import NoGpus, NoSummary
+from .hints import Hint, HintSettings, evaluate, verdict
 from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
 from .slurm import SlurmJob
 
@@ -105,6 +106,8 @@ class JobReport:
     missing_nodes: list[str]
     notes: list[str] = field(default_factory=list)
     sampled_until: float | None = None
+    hints: list[Hint] = field(default_factory=list)
+    verdict: str = ""
 
     @property
     def gpu_hours_allocated(self) -> float:
@@ -147,7 +150,8 @@ class JobReport:
             "gpu_hours_used": self.gpu_hours_used, "gpu_util_mean": self.gpu_util_mean,
             "gpu_energy_j": self.energy_j, "idle_gpus": len(self.idle_gpus),
             "sampled_until": self.sampled_until, "missing_nodes": self.missing_nodes,
-            "notes": self.notes,
+            "notes": self.notes, "verdict": self.verdict,
+            "hints": [h.to_dict() for h in self.hints],
             "hardware_faults": [f"{g.node} GPU {g.minor}: {f}" for g in self.gpus
                                 for f in g.hardware_faults],
             "gpus": [g.to_dict() for g in self.gpus],
@@ -183,12 +187,14 @@ class GroupReport:
         }
 
 
-def build_group(job_id: str, jobs: list[tuple[SlurmJob, list[NodeSummary]]]) -> GroupReport:
+def build_group(
+    job_id: str, jobs: list[tuple[SlurmJob, list[NodeSummary]]], settings: HintSettings | None = None,
+) -> GroupReport:
     kind = "heterogeneous" if any("+" in job.job_id for job, _ in jobs) else "array"
     reports, unreported = [], []
     for job, summaries in jobs:
         try:
-            reports.append(build_report(job, summaries))
+            reports.append(build_report(job, summaries, settings))
         except (NoGpus, NoSummary) as exc:
             unreported.append((job.job_id, str(exc)))
     if not reports:
@@ -196,8 +202,11 @@ def build_group(job_id: str, jobs: list[tuple[SlurmJob, list[NodeSummary]]]) -> 
     return GroupReport(job_id, kind, reports, unreported)
 
 
-def build_report(job: SlurmJob, summaries: list[NodeSummary]) -> JobReport:
-    """Join accounting and summaries; raises NoGpus / NoSummary when there is nothing to show."""
+def build_report(
+    job: SlurmJob, summaries: list[NodeSummary], settings: HintSettings | None = None,
+) -> JobReport:
+    """Join accounting and summaries, then judge them (hints, verdict); raises NoGpus /
+    NoSummary when there is nothing to show."""
     if not summaries:
         if job.gpus == 0:
             raise NoGpus(f"job {job.job_id} has no GPUs: nothing to report here (seff covers CPU jobs)")
@@ -223,7 +232,10 @@ def build_report(job: SlurmJob, summaries: list[NodeSummary]) -> JobReport:
     for g in gpus:
         notes.extend(f"{g.node} GPU {g.minor}: {e}" for e in g.errors)
     until = max((s.sampled_until for s in summaries if s.sampled_until), default=None)
-    return JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until)
+    report = JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until)
+    report.hints = evaluate(report, settings)
+    report.verdict = verdict(report, report.hints)
+    return report
 
 
 def _status(job: SlurmJob, summaries: list[NodeSummary], missing_nodes: list[str]) -> str:

@@ -73,7 +73,8 @@ class Cluster:
         """sbatch a script as `user`; returns the job id. Output goes to the shared work dir."""
         script = self.write("job.sh", "#!/bin/sh\n" + body + "\n")
         out = self.work / f"slurm-%j-{uuid.uuid4().hex[:6]}.out"
-        result = self.run(["sbatch", "--parsable", "--mem=200M", f"--output={out}", *args,
+        mem = [] if "hetjob" in body else ["--mem=200M"]  # a het job sets it per component
+        result = self.run(["sbatch", "--parsable", *mem, f"--output={out}", *args,
                            str(script)], user=user)
         assert result.code == 0, f"sbatch failed: {result.err}"
         return result.out.strip().split(";")[0]

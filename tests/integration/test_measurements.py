@@ -139,3 +139,24 @@ def test_lost_gpu_throttling_xid_and_an_untouched_gpu(cluster: Cluster) -> None:
     assert lost["never_used"] is False
     text = cluster.gpueff(job, "alice").out
     assert "not a fault of the job" in text and "power cap" in text
+
+
+def test_heterogeneous_job_reports_each_component(cluster: Cluster) -> None:
+    profile = cluster.profile([{"seconds": 6, "gpus": {"*": {"util": 70}}}])
+    body = (
+        "#SBATCH --gres=gpu:1 --mem=200M -w gpu1\n#SBATCH hetjob\n"
+        "#SBATCH --gres=gpu:1 --mem=200M -w gpu2\n"
+        f"srun --het-group=0,1 {cluster.sim} run {profile}"
+    )
+    job = cluster.submit("bob", body)
+    cluster.wait_done(f"{job}+0")
+    cluster.wait_done(f"{job}+1")
+    data = cluster.gpueff(job, "bob", "--json").json()
+    assert data["kind"] == "heterogeneous"
+    parts = {t["job_id"]: t for t in data["tasks"]}
+    assert sorted(parts) == [f"{job}+0", f"{job}+1"]
+    assert [len(parts[f"{job}+{i}"]["gpus"]) for i in (0, 1)] == [1, 1]
+    assert [parts[f"{job}+{i}"]["gpus"][0]["node"] for i in (0, 1)] == ["gpu1", "gpu2"]
+    assert all(g["util_mean"] > 30 for t in data["tasks"] for g in t["gpus"])
+    assert data["totals"]["gpu_hours_allocated"] == pytest.approx(
+        sum(t["gpu_hours_allocated"] for t in data["tasks"]))
