@@ -27,8 +27,10 @@ def main(argv: list[str] | None = None) -> int:
             profile = workload.load_profile(args.profile)
             print(f"{args.profile}: {len(profile.phases)} phases, {profile.duration_s:g} s")
             return 0
-        seconds = workload.run(args.profile, load_config(args.config), os.environ)
-        print(f"gpueff-sim: played {args.profile} for {seconds:.1f} s")
+        started, ended = workload.run(args.profile, load_config(args.config), os.environ)
+        # The exact times go to the job's output: tests compute the truth from them.
+        print(f"gpueff-sim: played {args.profile} for {ended - started:.1f} s "
+              f"(from {started:.6f} to {ended:.6f})")
         return 0
     except GpuEffError as exc:
         print(f"gpueff-sim: {exc}", file=sys.stderr)

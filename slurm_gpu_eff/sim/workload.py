@@ -130,9 +130,9 @@ def sim_clock(config: Config) -> Callable[[], float]:
 def run(
     profile_path: str, config: Config, env: Mapping[str, str],
     clock: Callable[[], float] | None = None, sleep: Callable[[float], None] = time.sleep,
-) -> float:
-    """Play the profile on the job's GPUs; returns the (simulated) seconds it ran.
-    SIGTERM ends it early."""
+) -> tuple[float, float]:
+    """Play the profile on the job's GPUs; returns when it started and ended (simulated
+    time). SIGTERM ends it early."""
     if config.gpu_backend != "sim":
         raise GpuEffError("gpueff-sim needs a config with [gpu] backend = sim (set GPUEFF_CONFIG)")
     clock = clock or sim_clock(config)
@@ -149,10 +149,12 @@ def run(
     previous = signal.signal(signal.SIGTERM, on_term)
     started = clock()
     publisher.start(profile, minors, started)
+    ended = started
     try:
         while not stop["now"] and clock() - started < profile.duration_s:
             sleep(min(0.5, max(0.0, (profile.duration_s - (clock() - started)) / scale)))
     finally:
-        publisher.end(profile, minors, started, clock())
+        ended = clock()
+        publisher.end(profile, minors, started, ended)
         signal.signal(signal.SIGTERM, previous)
-    return clock() - started
+    return started, ended

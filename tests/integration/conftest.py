@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -79,12 +81,18 @@ class Cluster:
         assert result.code == 0, f"sbatch failed: {result.err}"
         return result.out.strip().split(";")[0]
 
-    def submit_profile(self, user: str, profile: Path, *args: str, runner: str = "exec") -> str:
-        """A job that plays `profile` on its GPUs; runner="srun" plays it on every node."""
-        launch = "srun --ntasks-per-node=1" if runner == "srun" else "exec"
-        body = (f"echo SLURM_JOB_GPUS=$SLURM_JOB_GPUS "
+    def submit_profile(
+        self, user: str, profile: Path, *args: str, runner: str = "exec", before: str = "",
+    ) -> str:
+        """A job that plays `profile` on its GPUs; runner="srun" plays it on every node;
+        `before` is shell run first (e.g. CPU load in the background)."""
+        # With work started `before`, the script waits for it: Slurm counts the CPU time of
+        # the children it reaps, not of orphans left behind by an exec.
+        launch = "srun --ntasks-per-node=1" if runner == "srun" else ("" if before else "exec")
+        body = (f"{before}\necho SLURM_JOB_GPUS=$SLURM_JOB_GPUS "
                 f"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\n"
-                f"{launch} {shlex.quote(str(self.sim))} run {shlex.quote(str(profile))}")
+                f"{launch} {shlex.quote(str(self.sim))} run {shlex.quote(str(profile))}"
+                + ("\nwait" if before else ""))
         return self.submit(user, body, *args)
 
     def output(self, job_id: str) -> str:
@@ -121,6 +129,29 @@ class Cluster:
 
     def gpueff(self, job_id: str, user: str = "alice", *args: str) -> Result:
         return self.run(["gpueff", job_id, *args], user=user)
+
+    def summaries(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The stored node summaries of a job, by node."""
+        db = sqlite3.connect(f"file:{self.dir}/store/gpueff.db?mode=ro", uri=True)
+        try:
+            rows = db.execute("select node, body from node_summaries where job_id = ?", (job_id,))
+            return {node: json.loads(body) for node, body in rows}
+        finally:
+            db.close()
+
+    def played(self, job_id: str) -> tuple[float, float]:
+        """When the job's workload started and ended, as gpueff-sim printed it."""
+        found = re.search(r"\(from ([\d.]+) to ([\d.]+)\)", self.output(job_id))
+        assert found, f"no workload times in job {job_id}'s output: {self.output(job_id)!r}"
+        return float(found[1]), float(found[2])
+
+    def truth(self, job_id: str, node: str, value: float, idle: float = 0.0) -> float:
+        """A constant profile value's mean over the sampled window: idle outside the workload."""
+        summary = self.summaries(job_id)[node]
+        t0, t1 = summary["sampled_from"], summary["sampled_until"]
+        started, ended = self.played(job_id)
+        busy = max(0.0, min(t1, ended) - max(t0, started))
+        return (value * busy + idle * ((t1 - t0) - busy)) / (t1 - t0)
 
     def node_state(self, node: str) -> str:
         return self.run(["sinfo", "-h", "-n", node, "-o", "%T"]).out.strip()
