@@ -65,6 +65,8 @@ class Reading:
     throttle_mask: int | None = None
     processes: int | None = None
     ecc_uncorrected: int | None = None
+    pids: list[tuple[int, int]] | None = None  # (pid, GPU memory bytes) of its processes
+    process_sm: dict[int, float] | None = None  # pid -> SM utilisation, when asked for
 
 
 def _text(value: Any) -> str:
@@ -97,6 +99,7 @@ class Gpu:
         if self.name is not None:
             self.name = _text(self.name)
         self.bound_at = self.clock()
+        self.process_since_us = int(self.bound_at * 1e6)
         # None until the first call, which takes the driver's buffer as its baseline.
         self.last_sample_us: dict[int, int | None] = {
             GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
@@ -109,6 +112,17 @@ class Gpu:
 
     def _call(self, function: str, *args: Any, handle: Any = None) -> Any:
         """Call an NVML function; None when this GPU does not support it."""
+        try:
+            return self._call_raw(function, *args, handle=handle)
+        except self.nvml.NVMLError as exc:
+            # A passing error (timeout, unknown) costs one reading, not the metric.
+            if len(self.errors) < 20:
+                self.errors.append(f"{function}: {exc}")
+            return None
+
+    def _call_raw(self, function: str, *args: Any, handle: Any = None) -> Any:
+        """Call an NVML function: None when unsupported (remembered), GpuLost when the GPU
+        is gone, other NVML errors raised."""
         if function in self.unsupported:
             return None
         nvml = self.nvml
@@ -118,11 +132,6 @@ class Gpu:
             raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError):
             self.unsupported.add(function)
-            return None
-        except nvml.NVMLError as exc:
-            # A passing error (timeout, unknown) costs one reading, not the metric.
-            if len(self.errors) < 20:
-                self.errors.append(f"{function}: {exc}")
             return None
 
     def _gpm_start(self) -> Any:
@@ -215,15 +224,38 @@ class Gpu:
             return int(self.bound_at * 1e6)
         return newest
 
-    def read(self) -> Reading:
+    def _process_sm(self) -> dict[int, float] | None:
+        """SM utilisation per process since the last call (to split a shared GPU by job)."""
+        since, self.process_since_us = self.process_since_us, int(self.clock() * 1e6)
+        found = self._call_quiet("nvmlDeviceGetProcessUtilization", since)
+        if found is None:
+            return None
+        per_pid: dict[int, list[float]] = {}
+        for sample in found:
+            per_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+        return {pid: sum(v) / len(v) for pid, v in per_pid.items()}
+
+    def _call_quiet(self, function: str, *args: Any) -> Any:
+        """Like _call, but "no data yet" (NotFound) is an answer, not an error."""
+        try:
+            return self._call_raw(function, *args)
+        except self.nvml.NVMLError_NotFound:
+            return []
+        except self.nvml.NVMLError:
+            return None
+
+    def read(self, per_process: bool = False) -> Reading:
+        """One poll; `per_process` also reads each process's SM utilisation (a shared GPU)."""
         now = self.clock()
         memory = self._call("nvmlDeviceGetMemoryInfo")
         processes = self._call("nvmlDeviceGetComputeRunningProcesses")
+        pids = None if processes is None else [(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes]
         if self.is_mig:  # NVML has no utilisation, power or clocks for a MIG instance
             return Reading(
                 time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
                 mem_used_bytes=None if memory is None else float(memory.used),
                 gpm=self._gpm_read(), processes=None if processes is None else len(processes),
+                pids=pids,
             )
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES)
         mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
@@ -246,6 +278,8 @@ class Gpu:
             throttle_mask=self._call("nvmlDeviceGetCurrentClocksEventReasons"),
             processes=None if processes is None else len(processes),
             ecc_uncorrected=self._call("nvmlDeviceGetTotalEccErrors", 1, 0),  # uncorrected, volatile
+            pids=pids,
+            process_sm=self._process_sm() if per_process else None,
         )
 
     def close(self) -> None:

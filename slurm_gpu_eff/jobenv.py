@@ -96,3 +96,21 @@ class JobContext:
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> JobContext:
         return cls(**{k: str(data.get(k, "")) for k in cls.FIELDS})
+
+
+NO_JOB = ""  # a process that runs outside every Slurm job
+
+
+def job_of_pid(pid: int, proc: str = "/proc") -> str | None:
+    """The Slurm job a process belongs to, from its cgroup path (Slurm's cgroup plugins
+    put every job's processes under .../job_N/...): a job id, NO_JOB for a process
+    outside any job, None when it cannot be read (gone, or another PID namespace)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    for part in text.replace(":", "/").replace("\n", "/").split("/"):
+        if part.startswith("job_") and _digits(part[4:]):
+            return part[4:]
+    return NO_JOB

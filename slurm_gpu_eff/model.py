@@ -64,6 +64,8 @@ class GpuSummary:
     processes_max: int | None = None  # most compute processes seen at once; 0: never used
     mig_gi_id: int | None = None  # the GPU instance, for a MIG slice
     lost_at: float | None = None  # when the GPU fell off the bus
+    shared_s: float | None = None  # seconds with another job's processes on it (None: unknown)
+    shared_with: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None
 
     def metric(self, name: str, stat: str = "mean") -> float | None:

@@ -69,6 +69,13 @@ class GpuLine:
             faults.append(f"GPU lost at {clock(g.lost_at)}")
         return faults
 
+    @property
+    def shared_fraction(self) -> float | None:
+        g = self.summary
+        if g is None or g.shared_s is None or not g.sampled_s:
+            return None
+        return min(1.0, g.shared_s / g.sampled_s)
+
     def metric(self, name: str, stat: str = "mean") -> float | None:
         return None if self.summary is None else self.summary.metric(name, stat)
 
@@ -93,6 +100,9 @@ class GpuLine:
             },
             xid_events=g.xid_events, ecc_uncorrected=g.ecc_uncorrected,
             processes_max=g.processes_max, never_used=self.never_used, lost_at=g.lost_at,
+            shared_fraction=self.shared_fraction, shared_with=g.shared_with,
+            own_util_mean=self.metric("own_util"),
+            own_mem_used_max_bytes=self.metric("own_mem_used_bytes", "max"),
             hardware_faults=self.hardware_faults, timeline=g.timeline,
         )
         return out
@@ -231,6 +241,15 @@ def build_report(
         notes.append(f"no summary from node(s) {', '.join(missing_nodes)}: their figures are missing")
     for g in gpus:
         notes.extend(f"{g.node} GPU {g.minor}: {e}" for e in g.errors)
+        if g.shared_fraction:
+            own = g.metric("own_util")
+            notes.append(
+                f"{g.node} GPU {g.minor} was shared with "
+                f"{', '.join(g.summary.shared_with if g.summary else []) or 'other work'} "
+                f"{100 * g.shared_fraction:.0f}% of the time: its utilisation, power and memory "
+                "are the whole GPU's"
+                + ("" if own is None else f"; this job's own processes kept it {own:.1f}% busy")
+            )
     until = max((s.sampled_until for s in summaries if s.sampled_until), default=None)
     report = JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until)
     report.hints = evaluate(report, settings)

@@ -22,7 +22,7 @@ from typing import Any
 from .config import Config, load_config
 from .errors import GpuEffError, GpuLost
 from .gpu import THROTTLE_REASONS, Gpu, GpuSession, Reading
-from .jobenv import JobContext, parse_job_gpus
+from .jobenv import JobContext, job_of_pid, parse_job_gpus
 from .log import HookLog
 from .model import COMPLETE, MISSING, RUNNING, GpuSummary, NodeSummary
 from .spool import Spool, write_json
@@ -34,8 +34,9 @@ SUMMARY = "summary.json"
 class GpuStats:
     """Accumulators for one GPU: constant memory whatever the job's length."""
 
-    def __init__(self, gpu: Gpu) -> None:
+    def __init__(self, gpu: Gpu, job_id: str = "") -> None:
         self.gpu = gpu
+        self.job_id = job_id
         self.stats: dict[str, Stat] = {}
         self.util_source: str | None = None
         self.histogram = Histogram()
@@ -54,6 +55,9 @@ class GpuStats:
         self.processes_max: int | None = None
         self.lost_at: float | None = None
         self.errors: list[str] = []
+        self.shared_s: float | None = None  # time other jobs' processes were on this GPU
+        self.shared_with: set[str] = set()
+        self.jobs_of_pids: dict[int, str | None] = {}
 
     def stat(self, name: str) -> Stat:
         if name not in self.stats:
@@ -75,6 +79,7 @@ class GpuStats:
             self.power_energy_j += reading.power_w * seconds
         self._add_energy(reading.energy_mj)
         self._add_state(reading, seconds)
+        self._add_sharing(reading, seconds)
         mem = reading.mem_used_bytes
         self.timeline.add(
             reading.time, seconds, util, (reading.gpm or {}).get("sm_active"), reading.power_w,
@@ -124,6 +129,37 @@ class GpuStats:
         if reading.processes is not None:
             self.processes_max = max(self.processes_max or 0, reading.processes)
 
+    def job_of(self, pid: int) -> str | None:
+        if pid not in self.jobs_of_pids:
+            if len(self.jobs_of_pids) > 1000:  # bounded: pids come and go over a long job
+                self.jobs_of_pids.clear()
+            self.jobs_of_pids[pid] = job_of_pid(pid)
+        return self.jobs_of_pids[pid]
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.shared_s)
+
+    def _add_sharing(self, reading: Reading, seconds: float) -> None:
+        """Which jobs' processes are on the GPU: ours, another job's, or outside any job's
+        (pids that cannot be traced count for neither)."""
+        if reading.pids is None:
+            return
+        own_mem, others = 0, set()
+        for pid, used in reading.pids:
+            job = self.job_of(pid)
+            if job == self.job_id:
+                own_mem += used
+            elif job is not None:
+                others.add(f"job {job}" if job else "processes outside any job")
+        self.shared_s = (self.shared_s or 0.0) + (seconds if others else 0.0)
+        self.shared_with |= others
+        if self.shared:
+            self.stat("own_mem_used_bytes").add(own_mem, seconds)
+        if reading.process_sm is not None:
+            own = sum(sm for pid, sm in reading.process_sm.items() if self.job_of(pid) == self.job_id)
+            self.stat("own_util").add(own, seconds)
+
     def energy(self) -> tuple[float | None, str | None]:
         if self.energy_counter_ok and self.samples > 1:
             return self.energy_counter_j, "counter"
@@ -151,6 +187,8 @@ class GpuStats:
             xid_events=self.xid_events[:100],
             ecc_uncorrected=None if self.ecc_first is None else self.ecc_last - self.ecc_first,  # type: ignore[operator]
             processes_max=self.processes_max, mig_gi_id=gpu.gi_id, lost_at=self.lost_at,
+            shared_s=None if self.shared_s is None else round(self.shared_s, 3),
+            shared_with=sorted(self.shared_with)[:20],
             timeline=self.timeline.to_dict(),
         )
 
@@ -166,7 +204,7 @@ class Sampler:
     ) -> None:
         self.job = job
         self.config = config
-        self.gpus = [GpuStats(g) for g in gpus]
+        self.gpus = [GpuStats(g, job.job_id) for g in gpus]
         self.clock = clock
         self.monotonic = monotonic
         self.xid_events = xid_events
@@ -186,7 +224,7 @@ class Sampler:
             if stats.lost_at is not None:
                 continue
             try:
-                stats.add(stats.gpu.read(), seconds)
+                stats.add(stats.gpu.read(per_process=stats.shared), seconds)
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")

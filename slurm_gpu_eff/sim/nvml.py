@@ -268,6 +268,7 @@ class Workload:
     started_at: float
     ended_at: float | None
     prior_extra_j: float
+    pid: int | None = None  # the workload's process: the job's process on this GPU
 
 
 class Target:
@@ -389,6 +390,10 @@ class Device(Target):
             return 0.0
         return load.prior_extra_j + extra_energy_j(load, self.idle["power_w"], t)
 
+    def busy(self, t0: float, t1: float) -> float:
+        """The GPU's utilisation: its job's work plus what a job sharing it adds (capped)."""
+        return min(100.0, self.mean("util", t0, t1) + self.mean("shared_util", t0, t1))
+
     def samples(self, metric: str, after_us: int, t: float) -> list[tuple[int, int]]:
         """The driver's buffered sample windows that ended after `after_us`, oldest first."""
         period = self.sample_period_s
@@ -399,7 +404,8 @@ class Device(Target):
             end = k * period
             stamp = int(round(end * 1e6))
             if stamp > after_us:
-                value = self.mean(metric, end - period, end)
+                t0 = end - period
+                value = self.busy(t0, end) if metric == "util" else self.mean(metric, t0, end)
                 out.append((stamp, int(round(value * 1000 if metric == "power_w" else value))))
         return out
 
@@ -421,6 +427,7 @@ def _read_workload(path: str) -> Workload | None:
             started_at=float(data["started_at"]),
             ended_at=None if data.get("ended_at") is None else float(data["ended_at"]),
             prior_extra_j=float(data.get("prior_extra_j", 0.0)),
+            pid=None if data.get("pid") is None else int(data["pid"]),
         )
     except (OSError, ValueError, KeyError, TypeError, ProfileError):
         return None  # a half-written or foreign file reads as an idle GPU
@@ -522,7 +529,7 @@ def nvmlDeviceGetUtilizationRates(handle: Any) -> c_nvmlUtilization_t:
     device.check("nvmlDeviceGetUtilizationRates")
     period = device.sample_period_s
     end = math.floor(now() / period) * period
-    gpu = device.mean("util", end - period, end)
+    gpu = device.busy(end - period, end)
     memory = device.mean("mem_util", end - period, end)
     return c_nvmlUtilization_t(int(round(gpu)), int(round(memory)))
 
@@ -608,7 +615,47 @@ def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[c_nvmlProcessInfo_
     if count is None:  # not named by the profile: one process while a workload runs
         count = 1 if target.event("lost", t) is None and _running(target, t) else 0
     used = int(target.mean("mem_used_gib", t, t) * GIB)
-    return [c_nvmlProcessInfo_t(100000 + i, used // max(1, count)) for i in range(count)]
+    load = target.workload()
+    pid = load.pid if load is not None and load.pid else 100000
+    found = [c_nvmlProcessInfo_t(pid, used // max(1, count)) for _ in range(count)]
+    if target.mean("shared_util", t, t) > 0:
+        found.append(c_nvmlProcessInfo_t(SHARING_PID, GIB))  # another job's process
+    return found
+
+
+# A sharing job's process, as NVML would list it; pid 1 is in no Slurm job's cgroup.
+SHARING_PID = 1
+
+
+class c_nvmlProcessUtilizationSample_t:
+    def __init__(self, pid: int, stamp_us: int, sm: int, mem: int) -> None:
+        self.pid = pid
+        self.timeStamp = stamp_us
+        self.smUtil = sm
+        self.memUtil = mem
+        self.encUtil = 0
+        self.decUtil = 0
+
+
+def nvmlDeviceGetProcessUtilization(
+    handle: Any, timeStamp: int,
+) -> list[c_nvmlProcessUtilizationSample_t]:
+    """Per process SM utilisation since timeStamp: the job's workload and a sharing job."""
+    device = _device(handle)
+    device.check("nvmlDeviceGetProcessUtilization")
+    t = now()
+    since = max(timeStamp / 1e6, t - device.sample_period_s * device.sample_buffer)
+    processes = nvmlDeviceGetComputeRunningProcesses(handle)
+    if not processes or since >= t:
+        raise NVMLError_NotFound()
+    stamp = int(t * 1e6)
+    own = int(round(device.mean("util", since, t)))
+    shared = int(round(device.mean("shared_util", since, t)))
+    seen: dict[int, c_nvmlProcessUtilizationSample_t] = {}
+    for process in processes:
+        sm = shared if process.pid == SHARING_PID else own
+        seen[process.pid] = c_nvmlProcessUtilizationSample_t(process.pid, stamp, sm, 0)
+    return list(seen.values())
 
 
 def _running(target: Target, t: float) -> bool:

@@ -19,6 +19,7 @@ METRICS = (
     "util", "mem_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
     "fp16_active", "fp32_active", "fp64_active", "mem_used_gib", "power_w", "temp_c",
     "sm_clock_mhz", "pcie_rx_mbps", "pcie_tx_mbps", "nvlink_rx_mbps", "nvlink_tx_mbps",
+    "shared_util",  # utilisation that another job's process adds on the same GPU (sharing)
 )
 # Events and states rather than levels: a phase sets them for its whole length.
 THROTTLE_REASONS = ("power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake")
@@ -31,7 +32,7 @@ EVENT_FIELDS = {
 }
 PERCENT_METRICS = {
     "util", "mem_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
-    "fp16_active", "fp32_active", "fp64_active",
+    "fp16_active", "fp32_active", "fp64_active", "shared_util",
 }
 
 

@@ -95,6 +95,7 @@ class Publisher:
         state = {
             "job_id": self.job_id, "position": position, "profile": profile.raw,
             "started_at": started, "ended_at": ended, "prior_extra_j": prior,
+            "pid": os.getpid(),  # NVML lists it as the GPU's process: it is in the job's cgroup
         }
         tmp = f"{path}.{os.getpid()}.tmp"
         try:

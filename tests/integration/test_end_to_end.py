@@ -158,13 +158,16 @@ def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
     finally:
         store.rollback()
         store.close()
-    # Only the live snapshot taken while the job ran is stored: the report says so.
+    # Until the summary arrives, the report says what is missing: nothing stored yet, or
+    # only the live snapshot taken while the job ran. (A delivery the sampler started,
+    # which waited on the lock, may also bring the summary in as soon as it is released.)
     early = cluster.gpueff(job, "alice", "--json")
-    if early.code == 0:
-        assert early.json()["gpu_status"] == "partial"
+    if early.code != 0:
+        assert early.code == 5 and "no GPU figures stored" in early.err
+    elif early.json()["gpu_status"] == "partial":
         assert any("final summary has not been delivered" in n for n in early.json()["notes"])
     else:
-        assert early.code == 5 and "no GPU figures stored" in early.err
+        assert early.json()["gpu_status"] == "complete"
     delivered = cluster.run(["gpueff", "deliver", "--node", NODE])
     assert delivered.code == 0, delivered.err
     data = cluster.gpueff(job, "alice", "--json").json()

@@ -160,3 +160,32 @@ def test_heterogeneous_job_reports_each_component(cluster: Cluster) -> None:
     assert all(g["util_mean"] > 30 for t in data["tasks"] for g in t["gpus"])
     assert data["totals"]["gpu_hours_allocated"] == pytest.approx(
         sum(t["gpu_hours_allocated"] for t in data["tasks"]))
+
+
+def test_shared_gpu_is_said_and_the_jobs_own_share_is_measured(cluster: Cluster) -> None:
+    """Another job's process on the GPU (the sim lists pid 1, which is in no job's cgroup):
+    the report says the GPU was shared and splits out this job's own processes."""
+    profile = cluster.profile([{"seconds": 12, "gpus": {"*": {"util": 50, "shared_util": 30}}}])
+    job = cluster.submit_profile("alice", profile, "-w", "gpu1", "--gres=gpu:1")
+    assert cluster.wait_done(job) == "COMPLETED"
+    data = cluster.gpueff(job, "alice", "--json").json()
+    gpu = data["gpus"][0]
+    node = gpu["node"]
+    assert gpu["shared_with"] == ["processes outside any job"]
+    started, ended = cluster.played(job)
+    summary = cluster.summaries(job)[node]
+    window = summary["sampled_until"] - summary["sampled_from"]
+    assert gpu["shared_fraction"] == pytest.approx((ended - started) / window, abs=0.15)
+    assert abs(gpu["util_mean"] - cluster.truth(job, node, 80)) <= 2.0  # the whole GPU
+    assert abs(gpu["own_util_mean"] - 50) <= 3.0  # this job's processes, while shared
+    assert any("was shared with processes outside any job" in n for n in data["notes"])
+
+
+def test_a_gpu_used_by_the_job_alone_is_not_shared(cluster: Cluster) -> None:
+    profile = cluster.profile([{"seconds": 4, "gpus": {"*": {"util": 50}}}])
+    job = cluster.submit_profile("bob", profile, "-w", "gpu2", "--gres=gpu:1")
+    assert cluster.wait_done(job) == "COMPLETED"
+    gpu = cluster.gpueff(job, "bob", "--json").json()["gpus"][0]
+    # the workload's pid was traced to this job through its cgroup
+    assert gpu["shared_fraction"] == 0.0 and gpu["shared_with"] == []
+    assert gpu["processes_max"] == 1 and gpu["own_util_mean"] is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from typing import Any
 
 import pynvml
@@ -259,7 +260,8 @@ def test_publisher_state_files_drive_the_readings(sim_node: Any) -> None:
     publisher(sim_node).start(profile, [2, 0], now=BOOT + 900.0)
     state = json.loads((sim_node.state_dir / "gpu1" / "gpu0.json").read_text())
     assert state == {"job_id": "4242", "position": 1, "profile": BUSY,
-                     "started_at": BOOT + 900.0, "ended_at": None, "prior_extra_j": 0.0}
+                     "started_at": BOOT + 900.0, "ended_at": None, "prior_extra_j": 0.0,
+                     "pid": os.getpid()}  # the workload's own process: NVML lists it
     init(sim_node)
     sim_node.now = BOOT + 1001.0  # its window [1000, 1001] is after the 100 s profile: idle
     assert sim.nvmlDeviceGetUtilizationRates(handle(2)).gpu == 0
