@@ -322,16 +322,10 @@ def _tensor_cores_unused(report: JobReport, p: dict[str, float]) -> list[Hint]:
                if _m(g, "fp32_active") > p["fp32_pct"] and _m(g, "tensor_active") < p["tensor_pct"]]
     if not flagged:
         return []
-    fp32 = _mean(g.metric("fp32_active") or 0.0 for g in flagged)
-    tensor = _mean(g.metric("tensor_active") or 0.0 for g in flagged)
+    fp32, tensor, evidence = _two_metrics(flagged, "fp32_active", "tensor_active")
     savings = sum(_elapsed_h(report) * (g.metric("fp32_active") or 0.0) / 100 * 0.5 for g in flagged)
-    evidence = {
-        "fp32_active_mean_pct": _pct(fp32), "tensor_active_mean_pct": _pct(tensor),
-        "gpus_concerned": len(flagged),
-        "savings_note": "rough estimate: half the FP32-busy time (bf16 on tensor cores is often 2x faster)",
-        "gpus": [_where(g, fp32_active_mean_pct=_pct(g.metric("fp32_active") or 0.0),
-                        tensor_active_mean_pct=_pct(g.metric("tensor_active") or 0.0)) for g in flagged],
-    }
+    evidence["savings_note"] = (
+        "rough estimate: half the FP32-busy time (bf16 on tensor cores is often 2x faster)")
     message = (f"Tensor cores unused: the FP32 pipes were busy {fp32:.1f}% of the time and the tensor "
                f"cores {tensor:.1f}%, so the job computes in full FP32 precision.")
     fix = ("Use mixed precision: with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16): ... "
@@ -339,18 +333,24 @@ def _tensor_cores_unused(report: JobReport, p: dict[str, float]) -> list[Hint]:
     return [_hint("tensor_cores_unused", "warning", message, evidence, fix, savings)]
 
 
+def _two_metrics(flagged: list[GpuLine], first: str, second: str) -> tuple[float, float, dict[str, Any]]:
+    """The mean of two percent metrics over the flagged GPUs, with per-GPU figures as evidence."""
+    a = _mean(g.metric(first) or 0.0 for g in flagged)
+    b = _mean(g.metric(second) or 0.0 for g in flagged)
+    evidence = {
+        f"{first}_mean_pct": _pct(a), f"{second}_mean_pct": _pct(b), "gpus_concerned": len(flagged),
+        "gpus": [_where(g, **{f"{first}_mean_pct": _pct(g.metric(first) or 0.0),
+                              f"{second}_mean_pct": _pct(g.metric(second) or 0.0)}) for g in flagged],
+    }
+    return a, b, evidence
+
+
 def _memory_bound(report: JobReport, p: dict[str, float]) -> list[Hint]:
     flagged = [g for g in report.gpus
                if _m(g, "dram_active") >= p["dram_pct"] and _m(g, "sm_active") < p["sm_pct"]]
     if not flagged:
         return []
-    dram = _mean(g.metric("dram_active") or 0.0 for g in flagged)
-    sm = _mean(g.metric("sm_active") or 0.0 for g in flagged)
-    evidence = {
-        "dram_active_mean_pct": _pct(dram), "sm_active_mean_pct": _pct(sm), "gpus_concerned": len(flagged),
-        "gpus": [_where(g, dram_active_mean_pct=_pct(g.metric("dram_active") or 0.0),
-                        sm_active_mean_pct=_pct(g.metric("sm_active") or 0.0)) for g in flagged],
-    }
+    dram, sm, evidence = _two_metrics(flagged, "dram_active", "sm_active")
     message = (f"Memory-bound: DRAM bandwidth was {dram:.1f}% busy while the SMs were active only "
                f"{sm:.1f}%, so the kernels wait on memory, not on compute.")
     fix = ("Raise arithmetic intensity: fuse element-wise ops (torch.compile), use larger batches or "
