@@ -31,6 +31,7 @@ AUDIENCES = ("user", "admin")
 GIB = 1024**3
 MIB = 1024**2
 _RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+GOOD_UTIL_PCT = 70.0  # the verdict says "Good" from here, "Fair" below (with no warning)
 
 
 @dataclass(frozen=True)
@@ -838,7 +839,9 @@ def verdict(report: JobReport, hints: list[Hint]) -> str:
             text = (f"No problems found{so_far}; GPU utilisation was not measured on these GPUs "
                     "(MIG slices do not report it).")
         else:
-            text = f"Good{so_far}: the GPUs were busy {util:.0f}% of the time."
+            # Below the bar of a well-used GPU, no rule fired, but "Good" would overstate it.
+            label = "Good" if util >= GOOD_UTIL_PCT else "Fair"
+            text = f"{label}{so_far}: the GPUs were busy {util:.0f}% of the time."
         if user:
             text += f" {len(user)} suggestion{'s' if len(user) > 1 else ''} below."
     if admin:

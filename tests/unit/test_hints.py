@@ -398,6 +398,13 @@ def test_a_healthy_job_gets_no_hint_and_a_good_verdict(job_report: Reports, gpu:
     assert verdict(report, []) == "Good: the GPUs were busy 95% of the time."
 
 
+def test_verdict_without_warnings_but_middling_use_is_fair(job_report: Reports, gpu: Gpus) -> None:
+    report = job_report([gpu(util=40.0, sm_active=35.0)])
+    assert verdict(report, []) == "Fair: the GPUs were busy 40% of the time."
+    report = job_report([gpu(util=70.0, sm_active=60.0)])
+    assert verdict(report, []) == "Good: the GPUs were busy 70% of the time."
+
+
 def test_unmeasured_gpm_metrics_never_speak(job_report: Reports, gpu: Gpus) -> None:
     no_gpm = dict.fromkeys(NO_GPM)
     assert evaluate(job_report([gpu(util=95.0, power=600.0, **no_gpm)])) == []
