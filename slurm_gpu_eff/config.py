@@ -126,6 +126,11 @@ def load_config(path: str | None = None) -> Config:
             raise ConfigError(f"{path}: [{section}] {key} must be greater than 0")
         values[name] = value
     config = Config(path, hints=hints, **values)  # type: ignore[arg-type]
+    # The shims kill a hook at 20 s; the epilog must still have time to post after waiting.
+    if not config.hook_timeout_s <= 18:
+        raise ConfigError(f"{path}: [hooks] timeout_s must be at most 18 (the shims stop a hook at 20)")
+    if not config.stop_wait_s < config.hook_timeout_s:
+        raise ConfigError(f"{path}: [sampler] stop_wait_s must be under [hooks] timeout_s")
     if config.gpu_backend not in ("nvml", "sim"):
         raise ConfigError(f"{path}: [gpu] backend must be 'nvml' or 'sim'")
     if config.gpu_backend == "sim" and not (config.sim_devices and config.sim_state_dir):

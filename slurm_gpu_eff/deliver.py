@@ -46,12 +46,25 @@ def stale_claims(spool: Spool) -> list[str]:
         base, sep, pid = name.rpartition(CLAIM)
         if sep and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             original = os.path.join(spool.outbox, base)
-            try:
-                os.replace(os.path.join(spool.outbox, name), original)
+            if put_back(os.path.join(spool.outbox, name), original):
                 found.append(original)
-            except OSError:
-                pass
     return found
+
+
+def put_back(claimed: str, path: str) -> bool:
+    """Return a claimed file to its name, unless a newer summary was posted there since:
+    link() never replaces, so the newer one always wins."""
+    try:
+        os.link(claimed, path)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        os.unlink(claimed)
+    except OSError:
+        pass
+    return True
 
 
 def deliver(spool: Spool, store: Store) -> Delivery:
@@ -80,10 +93,7 @@ def deliver(spool: Spool, store: Store) -> Delivery:
 
 def _unclaim(claimed: str, path: str) -> None:
     """Give a file back after a failed delivery, unless a newer one was posted meanwhile."""
-    if os.path.exists(path):
-        os.unlink(claimed)
-    else:
-        os.replace(claimed, path)
+    put_back(claimed, path)
 
 
 def main(argv: list[str]) -> int:

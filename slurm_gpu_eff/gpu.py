@@ -8,6 +8,7 @@ supported" into None (not measured, never zero), and GPU_IS_LOST into GpuLost.
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ THROTTLE_REASONS = {
     "power_brake": 0x80,
 }
 GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES = 1, 2
+GPM_MIN_INTERVAL_S = 0.1
 XID_EVENT = 0x8
+ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 
 
 @dataclass
@@ -89,6 +92,7 @@ class Gpu:
         self.clock = clock
         self.parent = parent  # the whole GPU's handle, for a MIG instance
         self.gi_id = gi_id
+        self.parent_uuid: str | None = None
         self.unsupported: set[str] = set()
         self.errors: list[str] = []
         self.name = self._call("nvmlDeviceGetName")
@@ -104,6 +108,7 @@ class Gpu:
         self.last_sample_us: dict[int, int | None] = {
             GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
         }
+        self.gpm_taken_at = self.clock()
         self.gpm = self._gpm_start()
 
     @property
@@ -114,8 +119,12 @@ class Gpu:
         """Call an NVML function; None when this GPU does not support it."""
         try:
             return self._call_raw(function, *args, handle=handle)
-        except self.nvml.NVMLError as exc:
-            # A passing error (timeout, unknown) costs one reading, not the metric.
+        except GpuLost:
+            raise
+        except Exception as exc:
+            # A passing error (timeout, unknown) costs one reading, not the metric. Not only
+            # NVMLError: the binding raises plain exceptions too (NVMLLibraryMismatchError
+            # when the driver lacks a versioned symbol).
             if len(self.errors) < 20:
                 self.errors.append(f"{function}: {exc}")
             return None
@@ -156,6 +165,10 @@ class Gpu:
     def _gpm_read(self) -> dict[str, float] | None:
         if self.gpm is None:
             return None
+        now = self.clock()
+        if now - self.gpm_taken_at < GPM_MIN_INTERVAL_S:
+            return {}  # NVML wants two GPM samples at least 100 ms apart: next poll
+        self.gpm_taken_at = now
         nvml = self.nvml
         first, second = self.gpm
         try:
@@ -176,7 +189,8 @@ class Gpu:
         self.gpm = [second, first]  # the newest sample starts the next interval
         return {
             GPM_METRICS[m.metricId]: float(m.value)
-            for m in request.metrics[: len(GPM_METRICS)] if m.nvmlReturn == 0
+            for m in request.metrics[: len(GPM_METRICS)]
+            if m.nvmlReturn == 0 and math.isfinite(m.value)
         }
 
     def _samples(self, kind: int) -> list[tuple[float, float]] | None:
@@ -259,7 +273,9 @@ class Gpu:
             )
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES)
         mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
-        rates = self._call("nvmlDeviceGetUtilizationRates") if util_samples is None else None
+        # No new samples at all (some drivers stop filling the buffer while the GPU idles):
+        # the rate stands for this poll, rather than a silent gap.
+        rates = self._call("nvmlDeviceGetUtilizationRates") if not util_samples else None
         power = self._call("nvmlDeviceGetPowerUsage")
         temp = self._call("nvmlDeviceGetTemperature", 0)  # NVML_TEMPERATURE_GPU
         clock = self._call("nvmlDeviceGetClockInfo", 1)  # NVML_CLOCK_SM
@@ -275,12 +291,18 @@ class Gpu:
             gpm=self._gpm_read(),
             temp_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
-            throttle_mask=self._call("nvmlDeviceGetCurrentClocksEventReasons"),
+            throttle_mask=self._throttle_mask(),
             processes=None if processes is None else len(processes),
             ecc_uncorrected=self._call("nvmlDeviceGetTotalEccErrors", 1, 0),  # uncorrected, volatile
             pids=pids,
             process_sm=self._process_sm() if per_process else None,
         )
+
+    def _throttle_mask(self) -> int | None:
+        mask = self._call("nvmlDeviceGetCurrentClocksEventReasons")
+        if mask is None and "nvmlDeviceGetCurrentClocksEventReasons" in self.unsupported:
+            mask = self._call("nvmlDeviceGetCurrentClocksThrottleReasons")  # drivers before 535
+        return mask
 
     def close(self) -> None:
         for sample in self.gpm or []:
@@ -319,16 +341,20 @@ class GpuSession:
         by_minor: dict[int, tuple[Any, str]] = {}
         by_uuid: dict[str, tuple[Any, int, Any, int | None]] = {}
         try:
-            for i in range(nvml.nvmlDeviceGetCount()):
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            raise GpuAccessError(f"NVML cannot list GPUs: {exc}") from exc
+        for i in range(count):
+            try:  # one broken GPU of the node must not stop the job's GPUs being found
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
                 minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-                by_minor[minor] = (handle, uuid)
-                by_uuid[uuid] = (handle, minor, None, None)
-                if any(isinstance(w, str) and w.startswith("MIG-") for w in wanted):
-                    by_uuid.update(self._mig_instances(handle, minor))
-        except nvml.NVMLError as exc:
-            raise GpuAccessError(f"NVML cannot list GPUs: {exc}") from exc
+            except nvml.NVMLError:
+                continue
+            by_minor[minor] = (handle, uuid)
+            by_uuid[uuid] = (handle, minor, None, None)
+            if any(isinstance(w, str) and w.startswith("MIG-") for w in wanted):
+                by_uuid.update(self._mig_instances(handle, minor))
         gpus = []
         for item in wanted:
             if isinstance(item, int):
@@ -340,7 +366,9 @@ class GpuSession:
                 if item not in by_uuid:
                     raise BindingError(f"no GPU or MIG instance with UUID {item} on this node")
                 handle, minor, parent, gi_id = by_uuid[item]
-                gpus.append(Gpu(nvml, handle, minor, minor, item, self.clock, parent, gi_id))
+                gpu = Gpu(nvml, handle, minor, minor, item, self.clock, parent, gi_id)
+                gpu.parent_uuid = by_minor[minor][1] if parent is not None else None
+                gpus.append(gpu)
         self.gpus = gpus
         self.events = self._watch_xid(gpus)
         return gpus
@@ -354,10 +382,10 @@ class GpuSession:
             for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
                 try:
                     mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
-                except nvml.NVMLError_NotFound:
-                    continue
-                gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
-                found[_text(nvml.nvmlDeviceGetUUID(mig))] = (mig, minor, handle, gi_id)
+                    gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+                    found[_text(nvml.nvmlDeviceGetUUID(mig))] = (mig, minor, handle, gi_id)
+                except nvml.NVMLError:
+                    continue  # an empty slot, or one instance NVML cannot read
         except nvml.NVMLError:
             pass  # no MIG on this GPU (or a driver without it)
         return found
@@ -367,14 +395,18 @@ class GpuSession:
         nvml = self.nvml
         try:
             events = nvml.nvmlEventSetCreate()
-            for gpu in gpus:
-                nvml.nvmlDeviceRegisterEvents(gpu.parent or gpu.handle, XID_EVENT, events)
-            return events
         except (nvml.NVMLError, AttributeError):
             return None
+        for gpu in gpus:
+            try:  # a GPU that cannot report events does not silence the others
+                nvml.nvmlDeviceRegisterEvents(gpu.parent or gpu.handle, XID_EVENT, events)
+            except nvml.NVMLError as exc:
+                gpu.errors.append(f"XID events not available: {exc}")
+        return events
 
-    def xid_events(self) -> list[tuple[str, int]]:
-        """(GPU UUID, XID code) of every event since the last call; never blocks."""
+    def xid_events(self) -> list[tuple[str, int, int]]:
+        """(GPU UUID, XID code, GPU instance id) of every event since the last call; never
+        blocks. The instance id is 0xFFFFFFFF when the event is not a MIG instance's."""
         if self.events is None:
             return []
         nvml = self.nvml
@@ -388,7 +420,7 @@ class GpuSession:
                 uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
             except nvml.NVMLError:
                 uuid = "?"
-            found.append((uuid, int(event.eventData)))
+            found.append((uuid, int(event.eventData), int(getattr(event, "gpuInstanceId", ALL_GI))))
         return found
 
     def close(self) -> None:

@@ -136,7 +136,10 @@ def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
     if not _wait_for_exec(pid, job_dir):
         log.write(f"sampler pid {pid} was already gone")
         return
-    os.kill(pid, _signal.SIGTERM)
+    try:
+        os.kill(pid, _signal.SIGTERM)
+    except ProcessLookupError:
+        return  # it ended between the check and the signal: its last word is on disk
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
         if not _is_sampler(pid, job_dir):

@@ -21,7 +21,7 @@ from typing import Any
 
 from .config import Config, load_config
 from .errors import GpuEffError, GpuLost
-from .gpu import THROTTLE_REASONS, Gpu, GpuSession, Reading
+from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
 from .jobenv import JobContext, job_of_pid, parse_job_gpus
 from .log import HookLog
 from .model import COMPLETE, MISSING, RUNNING, GpuSummary, NodeSummary
@@ -92,11 +92,11 @@ class GpuStats:
     ) -> float | None:
         """Lossless driver samples where there are any, else the poll's rate; returns the
         poll's mean for the timeline."""
-        if samples is None:
+        if not samples:  # not supported, or no new window since the last poll
             if rate is None:
                 return None
+            self.util_source = self.util_source or ("rates" if name == "util" and samples is None else None)
             samples = [(rate, seconds)]
-            self.util_source = self.util_source or ("rates" if name == "util" else None)
         elif name == "util":
             self.util_source = "samples"
         stat = self.stat(name)
@@ -200,7 +200,7 @@ class Sampler:
     def __init__(
         self, job: JobContext, config: Config, gpus: list[Gpu],
         clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-        xid_events: Callable[[], list[tuple[str, int]]] = list, time_scale: float = 1.0,
+        xid_events: Callable[[], list[tuple[str, int, int]]] = list, time_scale: float = 1.0,
     ) -> None:
         self.job = job
         self.config = config
@@ -233,9 +233,12 @@ class Sampler:
         self.sampled_until = now
 
     def _record_xids(self, now: float) -> None:
-        for uuid, code in self.xid_events():
+        for uuid, code, gi_id in self.xid_events():
             for stats in self.gpus:
-                if uuid in (stats.gpu.uuid, "?") or stats.gpu.is_mig:
+                gpu = stats.gpu
+                if uuid == gpu.uuid or (
+                    uuid == gpu.parent_uuid and gi_id in (ALL_GI, gpu.gi_id)
+                ):
                     stats.xid_events.append({"time": now, "xid": code})
 
     def snapshot(self, status: str, reason: str = "") -> NodeSummary:
@@ -283,7 +286,10 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         sampler.sample_once()
         now = sampler.monotonic()
         if now >= next_checkpoint:
-            write_json(summary_path, sampler.snapshot(RUNNING).to_dict())
+            if not os.path.isdir(job_dir):
+                log.write("the job's spool directory is gone (its epilog ran): stopping")
+                return
+            checkpoint(summary_path, sampler.snapshot(RUNNING), log)
             next_checkpoint = now + config.checkpoint_s
         if now >= next_live:
             live.post(sampler.snapshot(RUNNING))
@@ -293,8 +299,16 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
             next_tick = now + sampler.wait_s
         stopper.wait(next_tick - sampler.monotonic())
     sampler.sample_once()
-    write_json(summary_path, sampler.snapshot(COMPLETE).to_dict())
+    checkpoint(summary_path, sampler.snapshot(COMPLETE), log)
     live.reap()
+
+
+def checkpoint(path: str, summary: NodeSummary, log: HookLog) -> None:
+    """A failed write (disk full) costs this checkpoint, not the sampling: the next may work."""
+    try:
+        write_json(path, summary.to_dict())
+    except GpuEffError as exc:
+        log.write(f"checkpoint failed, sampling goes on: {exc}")
 
 
 class LiveDelivery:
@@ -325,7 +339,7 @@ class LiveDelivery:
 
 def spawn_delivery(config: Config, spool_root: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [config.python, "-m", "slurm_gpu_eff.deliver", spool_root],
+        [config.python, "-I", "-m", "slurm_gpu_eff.deliver", spool_root],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )

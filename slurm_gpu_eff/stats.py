@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -23,7 +24,7 @@ class Stat:
         self.last: float | None = None
 
     def add(self, value: float | None, seconds: float) -> None:
-        if value is None:  # not measured is not zero
+        if value is None or not math.isfinite(value):  # not measured is not zero; NaN is not a figure
             return
         self.samples += 1
         self.seconds += seconds
@@ -88,6 +89,7 @@ class Timeline:
             power_w: float | None, mem_used_gib: float | None) -> None:
         if self.start is None:
             self.start = t
+        t = max(t, self.start)  # a wall clock stepped back lands in the first bucket
         index = int((t - self.start) // self.bucket_s)
         while index >= self.max_points:
             self._halve()

@@ -66,28 +66,30 @@ class Store:
     def put(self, summary: NodeSummary) -> bool:
         """Store a node summary unless a newer or final one is already there."""
         key = (summary.cluster, summary.job_id, summary.node)
+        where = "cluster = ? and job_id = ? and node = ?"
+        conn = self.db.conn
         try:
-            with self.db.conn:
-                old = self._node_row(*key)
-                if old is not None and not _newer(summary, old):
+            # The read and the writes under one write lock: two deliveries racing (a live
+            # snapshot and the epilog's final summary) cannot interleave.
+            conn.execute("begin immediate")
+            try:
+                old = conn.execute(
+                    f"select status, sampled_until from node_summaries where {where}", key
+                ).fetchone()
+                if old is not None and not _newer(summary, {"status": old[0], "sampled_until": old[1]}):
+                    conn.execute("rollback")
                     return False
-                self.db["node_summaries"].upsert(_node_row(summary), pk=("cluster", "job_id", "node"))  # type: ignore[union-attr]
-                self.db.execute(
-                    "delete from gpus where cluster = ? and job_id = ? and node = ?", key
-                )
-                rows = [_gpu_row(summary, g) for g in summary.gpus if g.minor is not None]
-                if rows:
-                    self.db["gpus"].insert_all(rows)  # type: ignore[union-attr]
+                _insert(conn, "node_summaries", [_node_row(summary)], replace=True)
+                conn.execute(f"delete from gpus where {where}", key)
+                _insert(conn, "gpus", [_gpu_row(summary, g) for g in summary.gpus if g.minor is not None])
+                conn.execute("commit")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("rollback")
+                raise
             return True
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
-
-    def _node_row(self, cluster: str, job_id: str, node: str) -> dict[str, Any] | None:
-        rows = list(self.db["node_summaries"].rows_where(
-            "cluster = ? and job_id = ? and node = ?", [cluster, job_id, node],
-            select="status, sampled_until",
-        ))
-        return rows[0] if rows else None
 
     def node_summaries(self, job_id: str, cluster: str | None = None) -> list[NodeSummary]:
         where, args = "job_id = ?", [job_id]
@@ -101,6 +103,17 @@ class Store:
 
     def close(self) -> None:
         self.db.conn.close()
+
+
+def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]], replace: bool = False) -> None:
+    if not rows:
+        return
+    columns = list(rows[0])
+    verb = "insert or replace" if replace else "insert"
+    conn.executemany(
+        f"{verb} into {table} ({', '.join(columns)}) values ({', '.join('?' * len(columns))})",
+        [[row[c] for c in columns] for row in rows],
+    )
 
 
 def _newer(new: NodeSummary, old: dict[str, Any]) -> bool:

@@ -215,7 +215,7 @@ def test_a_spool_that_cannot_be_created_is_named_in_the_log(hook_site: Any) -> N
 def test_a_hook_that_hangs_gives_up_at_its_timeout(
     hook_site: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    hook_site.configure(hooks={"timeout_s": "0.3"})
+    hook_site.configure(hooks={"timeout_s": "0.3"}, sampler={"stop_wait_s": "0.1"})
 
     def hang(*args: Any) -> None:
         time.sleep(5)

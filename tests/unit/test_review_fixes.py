@@ -1,0 +1,106 @@
+"""Regressions for the defects a code review found (each test failed before its fix)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_gpu_eff import hooks
+from slurm_gpu_eff.config import load_config
+from slurm_gpu_eff.deliver import deliver
+from slurm_gpu_eff.errors import ConfigError
+from slurm_gpu_eff.log import HookLog
+from slurm_gpu_eff.model import COMPLETE, RUNNING, NodeSummary
+from slurm_gpu_eff.report import expand_hostlist
+from slurm_gpu_eff.spool import Spool
+from slurm_gpu_eff.stats import Stat, Timeline
+from slurm_gpu_eff.store import Store
+
+
+def summary(status: str, until: float) -> NodeSummary:
+    return NodeSummary(cluster="c", job_id="7", node="n1", status=status, sampled_until=until)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[hooks]\ntimeout_s = 1e12\n", "timeout_s must be at most 18"),
+    ("[hooks]\ntimeout_s = inf\n", "timeout_s must be at most 18"),
+    ("[hooks]\ntimeout_s = 4\n[sampler]\nstop_wait_s = 5\n", "stop_wait_s must be under"),
+])
+def test_hook_time_bounds_that_cannot_work_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "gpueff.conf"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(path))
+
+
+def test_a_dead_deliverers_claim_never_replaces_a_newer_summary(tmp_path: Path) -> None:
+    spool = Spool(str(tmp_path / "spool"))
+    final = spool.post(summary(COMPLETE, 200.0))
+    stale = f"{final}.claim-999999999"  # an older live snapshot, claimed by a dead process
+    Path(stale).write_text(Path(final).read_text().replace('"complete"', '"running"')
+                           .replace("200.0", "100.0"))
+    store = Store(str(tmp_path / "store.db"))
+    assert deliver(spool, store).delivered >= 1
+    (stored,) = store.node_summaries("7")
+    assert (stored.status, stored.sampled_until) == (COMPLETE, 200.0)
+    assert os.listdir(spool.outbox) == []
+
+
+def test_put_checks_and_writes_under_one_lock(tmp_path: Path) -> None:
+    """A final summary written by another connection between our check and our write must
+    win: put() takes the write lock before it reads."""
+    path = str(tmp_path / "store.db")
+    Store(path).put(summary(RUNNING, 100.0))
+    blocker = sqlite3.connect(path, timeout=5)
+    blocker.execute("begin immediate")
+    done: list[bool] = []
+    thread = threading.Thread(target=lambda: done.append(Store(path).put(summary(RUNNING, 150.0))))
+    thread.start()
+    time.sleep(0.2)  # the late live snapshot now waits for the lock, before reading
+    blocker.execute(
+        "update node_summaries set status = 'complete', sampled_until = 200.0 where job_id = '7'")
+    blocker.execute("commit")
+    thread.join(10)
+    assert done == [False]  # it saw the final summary once it had the lock
+    (stored,) = Store(path, readonly=True).node_summaries("7") or [None]
+    assert stored is not None
+
+
+def test_timeline_survives_a_clock_stepped_back() -> None:
+    timeline = Timeline(bucket_s=10.0)
+    timeline.add(1000.0, 1.0, 50.0, None, None, None)
+    timeline.add(950.0, 1.0, 70.0, None, None, None)  # NTP stepped the clock back 50 s
+    assert timeline.to_dict()["points"][0][0] == 60.0
+
+
+def test_non_finite_readings_are_not_figures() -> None:
+    stat = Stat()
+    stat.add(math.nan, 1.0)
+    stat.add(math.inf, 1.0)
+    stat.add(40.0, 1.0)
+    assert (stat.mean, stat.samples) == (40.0, 1)
+
+
+def test_a_sampler_that_ends_before_its_sigterm_is_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "sampler.pid").write_text("4242\n")
+    monkeypatch.setattr(hooks, "_wait_for_exec", lambda pid, job_dir: True)
+
+    def gone(pid: int, signum: int) -> Any:
+        raise ProcessLookupError(pid)
+
+    monkeypatch.setattr(hooks.os, "kill", gone)
+    hooks.stop_sampler(str(tmp_path), 1.0, HookLog(str(tmp_path / "log"), "1", "epilog"))
+
+
+def test_hostlists_with_several_bracket_groups_expand_fully() -> None:
+    assert expand_hostlist("r[1-2]n[01-02]") == ["r1n01", "r1n02", "r2n01", "r2n02"]
+    assert expand_hostlist("gpu[1-2],login") == ["gpu1", "gpu2", "login"]
