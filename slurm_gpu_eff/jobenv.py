@@ -114,3 +114,20 @@ def job_of_pid(pid: int, proc: str = "/proc") -> str | None:
         if part.startswith("job_") and _digits(part[4:]):
             return part[4:]
     return NO_JOB
+
+
+CGROUP_PATTERNS = (
+    "{root}/*/slurm_{node}/uid_*/job_{job}",  # cgroup v1, several slurmd on one host
+    "{root}/*/slurm/uid_*/job_{job}",  # cgroup v1
+    "{root}/system.slice/slurmstepd.scope/job_{job}",  # cgroup v2
+)
+
+
+def job_cgroup_exists(job_id: str, node: str, root: str = "/sys/fs/cgroup") -> bool:
+    """Whether Slurm's cgroup of the job exists on this node (it goes when the job ends)."""
+    import glob  # here, not at the top: the prolog imports this module and never needs it
+
+    return any(
+        glob.glob(pattern.format(root=root, node=glob.escape(node), job=job_id))
+        for pattern in CGROUP_PATTERNS
+    )

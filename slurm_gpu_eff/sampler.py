@@ -22,9 +22,9 @@ from typing import Any
 from .config import Config, load_config
 from .errors import GpuEffError, GpuLost
 from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
-from .jobenv import JobContext, job_of_pid, parse_job_gpus
+from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
 from .log import HookLog
-from .model import COMPLETE, MISSING, RUNNING, GpuSummary, NodeSummary
+from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
 from .spool import Spool, write_json
 from .stats import Histogram, Stat, Timeline
 
@@ -282,12 +282,16 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     next_checkpoint = now  # checkpoint right after the first reading
     next_live = now + min(config.live_s, config.checkpoint_s)
     live = LiveDelivery(config, spool, log)
+    orphan = OrphanWatch(sampler.job, squeue_for(config))
     while not stopper.requested:
         sampler.sample_once()
         now = sampler.monotonic()
         if now >= next_checkpoint:
             if not os.path.isdir(job_dir):
                 log.write("the job's spool directory is gone (its epilog ran): stopping")
+                return
+            if orphan.ended():
+                finish_orphan(sampler, summary_path, live, log)
                 return
             checkpoint(summary_path, sampler.snapshot(RUNNING), log)
             next_checkpoint = now + config.checkpoint_s
@@ -300,6 +304,62 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         stopper.wait(next_tick - sampler.monotonic())
     sampler.sample_once()
     checkpoint(summary_path, sampler.snapshot(COMPLETE), log)
+    live.reap()
+
+
+class OrphanWatch:
+    """Tells when the job has ended on this node but no epilog came to stop us (node
+    trouble at job end): its cgroup, seen once, has been gone for a few checkpoints, and
+    Slurm no longer lists it as running. (The cgroup alone is not enough: without
+    PrologFlags=Contain an allocation between two steps has none.)"""
+
+    CHECKS = 3
+
+    def __init__(self, job: JobContext, squeue: str = "squeue") -> None:
+        self.job = job
+        self.squeue = squeue
+        self.seen = False
+        self.missing = 0
+
+    def ended(self) -> bool:
+        if job_cgroup_exists(self.job.job_id, self.job.node):
+            self.seen, self.missing = True, 0
+        elif self.seen:
+            self.missing += 1
+        return self.missing >= self.CHECKS and not self._listed_as_running()
+
+    def _listed_as_running(self) -> bool:
+        """True unless squeue answers that the job is gone or finished; an unreachable
+        controller is no proof of anything."""
+        try:
+            done = subprocess.run(
+                [self.squeue, "-h", "-j", self.job.job_id, "-o", "%T"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return True
+        if done.returncode != 0 and "Invalid job id" not in done.stderr:
+            return True
+        return done.stdout.strip() in ("RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING")
+
+
+def squeue_for(config: Config) -> str:
+    """squeue from where sacct is configured to be."""
+    folder = os.path.dirname(config.sacct)
+    return os.path.join(folder, "squeue") if folder else "squeue"
+
+
+def finish_orphan(sampler: Sampler, summary_path: str, live: LiveDelivery, log: HookLog) -> None:
+    """Do the epilog's work ourselves, so the figures are not lost with it."""
+    until = time.strftime("%H:%M:%S", time.localtime(sampler.sampled_until or 0))
+    summary = sampler.snapshot(
+        PARTIAL, f"no epilog stopped the sampler; it stopped itself after the job ended ({until})"
+    )
+    summary.ended_at = sampler.clock()
+    checkpoint(summary_path, summary, log)
+    log.write("the job ended without an epilog here: posting the summary myself")
+    live.reap()  # a live delivery still running would make post() skip this one
+    live.post(summary)
     live.reap()
 
 

@@ -104,3 +104,36 @@ def test_a_sampler_that_ends_before_its_sigterm_is_not_an_error(
 def test_hostlists_with_several_bracket_groups_expand_fully() -> None:
     assert expand_hostlist("r[1-2]n[01-02]") == ["r1n01", "r1n02", "r2n01", "r2n02"]
     assert expand_hostlist("gpu[1-2],login") == ["gpu1", "gpu2", "login"]
+
+
+def test_the_jobs_cgroup_is_found_in_v1_per_node_and_v2_layouts(tmp_path: Path) -> None:
+    from slurm_gpu_eff.jobenv import job_cgroup_exists
+
+    (tmp_path / "freezer" / "slurm_gpu2" / "uid_1001" / "job_42").mkdir(parents=True)
+    (tmp_path / "system.slice" / "slurmstepd.scope" / "job_7").mkdir(parents=True)
+    assert job_cgroup_exists("42", "gpu2", str(tmp_path))
+    assert not job_cgroup_exists("42", "gpu1", str(tmp_path))  # another node on this host
+    assert job_cgroup_exists("7", "any", str(tmp_path))
+    assert not job_cgroup_exists("4", "gpu2", str(tmp_path))  # job_4 is not job_42
+
+
+def test_an_orphaned_sampler_stops_only_when_slurm_agrees_the_job_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slurm_gpu_eff import sampler
+    from slurm_gpu_eff.jobenv import JobContext
+
+    exists = {"now": True}
+    monkeypatch.setattr(sampler, "job_cgroup_exists", lambda job, node: exists["now"])
+    squeue = tmp_path / "squeue"
+    squeue.write_text("#!/bin/sh\necho RUNNING\n")
+    squeue.chmod(0o755)
+    watch = sampler.OrphanWatch(JobContext("42", "gpu1"), str(squeue))
+    assert not watch.ended()  # cgroup seen
+    exists["now"] = False
+    assert [watch.ended() for _ in range(4)] == [False] * 4  # gone, but Slurm says running
+    squeue.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\n"
+                      "exit 1\n")
+    assert watch.ended()  # gone for 3+ checks and unknown to Slurm
+    squeue.write_text("#!/bin/sh\necho 'Unable to contact slurm controller' >&2\nexit 1\n")
+    assert not watch.ended()  # no answer is no proof
