@@ -8,12 +8,14 @@ delivery runs is never deleted unread; a claim whose deliverer died is taken ove
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 
 from .config import load_config
 from .errors import GpuEffError, SpoolError
-from .spool import Spool, read_summary
+from .spool import SUMMARY, Spool, is_sampler, read_summary, sampler_pid
 from .store import Store
 
 CLAIM = ".claim-"
@@ -24,6 +26,7 @@ class Delivery:
     delivered: int = 0
     skipped: int = 0  # older than what the store has
     set_aside: list[str] = field(default_factory=list)
+    swept: list[str] = field(default_factory=list)  # abandoned job directories posted
 
 
 def claim(path: str) -> str | None:
@@ -67,9 +70,45 @@ def put_back(claimed: str, path: str) -> bool:
     return True
 
 
+ABANDONED_S = 600.0  # a job directory untouched this long, with no sampler, was forgotten
+
+
+def sweep_abandoned(spool: Spool, now: float | None = None) -> list[str]:
+    """Post what a job directory still holds when its sampler is gone and no epilog posted
+    it (the epilog never ran, or failed to post): the figures are not left behind."""
+    now = time.time() if now is None else now
+    jobs = os.path.join(spool.root, "jobs")
+    try:
+        names = os.listdir(jobs)
+    except OSError:
+        return []
+    swept = []
+    for name in names:
+        job_dir = os.path.join(jobs, name)
+        path = os.path.join(job_dir, SUMMARY)
+        try:
+            if now - os.stat(path).st_mtime < ABANDONED_S:
+                continue
+        except OSError:
+            continue
+        pid = sampler_pid(job_dir)
+        if pid is not None and is_sampler(pid, job_dir):
+            continue
+        try:
+            summary = read_summary(path)
+        except SpoolError:
+            continue  # left for a human; the store is not the place for it
+        summary.cut_short("the sampler stopped and no epilog posted its summary")
+        spool.post(summary)
+        shutil.rmtree(job_dir, ignore_errors=True)
+        swept.append(name)
+    return swept
+
+
 def deliver(spool: Spool, store: Store) -> Delivery:
     """Deliver every pending summary; raises StoreError when the store fails (files stay)."""
     result = Delivery()
+    result.swept = sweep_abandoned(spool)
     stale_claims(spool)
     for path in spool.pending():
         claimed = claim(path)

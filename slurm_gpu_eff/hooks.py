@@ -18,7 +18,7 @@ from .config import Config, load_config
 from .errors import GpuEffError, SpoolError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .spool import Spool
+from .spool import PID_FILE, SUMMARY, Spool, is_sampler, sampler_pid
 
 # The prolog's imports are kept to the bare minimum (no typing, dataclasses, re,
 # subprocess): each costs milliseconds of start-up on every job. The epilog imports
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from .model import NodeSummary
 
-PID_FILE = "sampler.pid"
 
 
 class HookTimeout(BaseException):
@@ -111,26 +110,20 @@ def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
 
 def node_summary(job_dir: str, job: JobContext, config: Config) -> NodeSummary:
     """The sampler's last word, with its status set to what really happened."""
-    from .model import PARTIAL, RUNNING
     from .spool import read_summary
 
     try:
-        summary = read_summary(os.path.join(job_dir, "summary.json"))
+        summary = read_summary(os.path.join(job_dir, SUMMARY))
     except GpuEffError as exc:
         return _missing(job, config, f"the sampler left no summary ({exc})")
-    if summary.status == RUNNING:
-        until = time.strftime("%H:%M:%S", time.localtime(summary.sampled_until or 0))
-        summary.status = PARTIAL
-        summary.reason = f"the sampler stopped unexpectedly; figures up to {until} (last checkpoint)"
+    summary.cut_short("the sampler stopped unexpectedly")
     return summary
 
 
 def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
     """SIGTERM the job's sampler and wait for its final flush; SIGKILL after wait_s."""
-    try:
-        with open(os.path.join(job_dir, PID_FILE), encoding="ascii") as handle:
-            pid = int(handle.read().strip())
-    except (OSError, ValueError):
+    pid = sampler_pid(job_dir)
+    if pid is None:
         log.write("no sampler pid file")
         return
     if not _wait_for_exec(pid, job_dir):
@@ -142,7 +135,7 @@ def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
         return  # it ended between the check and the signal: its last word is on disk
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
-        if not _is_sampler(pid, job_dir):
+        if not is_sampler(pid, job_dir):
             return
         time.sleep(0.02)
     log.write(f"sampler pid {pid} did not stop within {wait_s:g} s: killed")
@@ -156,20 +149,11 @@ def _wait_for_exec(pid: int, job_dir: str, wait_s: float = 0.5) -> bool:
     """True once `pid` is the sampler. For a few ms after the prolog forks it, the child
     still shows the prolog's command line: a job that ends that fast must not lose it."""
     end = time.monotonic() + wait_s
-    while not _is_sampler(pid, job_dir):
+    while not is_sampler(pid, job_dir):
         if time.monotonic() > end or not os.path.exists(f"/proc/{pid}"):
             return False
         time.sleep(0.01)
     return True
-
-
-def _is_sampler(pid: int, job_dir: str) -> bool:
-    """True while `pid` is this job's live sampler (not a zombie, not a recycled pid)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return job_dir.encode() in handle.read().split(b"\0")
-    except OSError:
-        return False
 
 
 def deliver(config: Config, spool: Spool, log: HookLog, deadline: float) -> None:

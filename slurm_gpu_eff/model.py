@@ -7,6 +7,7 @@ file -> store), so the dataclasses here convert to and from dicts and nothing el
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,6 +103,13 @@ class NodeSummary:
     @property
     def final(self) -> bool:
         return self.status != RUNNING
+
+    def cut_short(self, what: str) -> None:
+        """A running snapshot whose sampler is gone becomes partial, saying until when."""
+        if self.status == RUNNING:
+            until = time.strftime("%H:%M:%S", time.localtime(self.sampled_until or 0))
+            self.status = PARTIAL
+            self.reason = f"{what}; figures up to {until} (last checkpoint)"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

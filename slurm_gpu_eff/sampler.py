@@ -25,10 +25,8 @@ from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
 from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
 from .log import HookLog
 from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
-from .spool import Spool, write_json
+from .spool import SUMMARY, Spool, write_json
 from .stats import Histogram, Stat, Timeline
-
-SUMMARY = "summary.json"
 
 
 class GpuStats:

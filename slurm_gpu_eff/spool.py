@@ -57,6 +57,27 @@ class Spool:
         return target
 
 
+PID_FILE = "sampler.pid"
+SUMMARY = "summary.json"
+
+
+def sampler_pid(job_dir: str) -> int | None:
+    try:
+        with open(os.path.join(job_dir, PID_FILE), encoding="ascii") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def is_sampler(pid: int, job_dir: str) -> bool:
+    """True while `pid` is this job's live sampler (not a zombie, not a recycled pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return job_dir.encode() in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def _safe(text: str) -> str:
     return "".join(c if c in _SAFE else "_" for c in text) or "_"
 

@@ -137,3 +137,21 @@ def test_an_orphaned_sampler_stops_only_when_slurm_agrees_the_job_ended(
     assert watch.ended()  # gone for 3+ checks and unknown to Slurm
     squeue.write_text("#!/bin/sh\necho 'Unable to contact slurm controller' >&2\nexit 1\n")
     assert not watch.ended()  # no answer is no proof
+
+
+def test_an_abandoned_job_directory_is_posted_by_the_next_delivery(tmp_path: Path) -> None:
+    from slurm_gpu_eff.spool import write_json
+
+    spool = Spool(str(tmp_path / "spool"))
+    old, fresh = Path(spool.job_dir("7")), Path(spool.job_dir("8"))
+    for job_dir, job in ((old, "7"), (fresh, "8")):
+        live = NodeSummary(cluster="c", job_id=job, node="n1", status=RUNNING, sampled_until=5000.0)
+        write_json(str(job_dir / "summary.json"), live.to_dict())
+        (job_dir / "sampler.pid").write_text("999999999\n")  # no such process
+    os.utime(old / "summary.json", (1, 1))  # untouched for decades: abandoned
+    store = Store(str(tmp_path / "store.db"))
+    result = deliver(spool, store)
+    assert result.swept == ["7"] and not old.exists() and fresh.exists()
+    (stored,) = store.node_summaries("7")
+    assert stored.status == "partial" and "no epilog posted its summary" in stored.reason
+    assert store.node_summaries("8") == []
