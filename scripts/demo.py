@@ -23,6 +23,7 @@ JOBS = [  # (user, profile, sbatch options, what it shows)
 
 
 def cluster_env() -> dict[str, str]:
+    """The environment `make -s cluster-env` gives a shell (the integration tests use it too)."""
     text = subprocess.run(
         ["bash", "-c", f'eval "$(bash {REPO}/scripts/cluster.sh env)" && env -0'],
         capture_output=True, text=True, check=True,

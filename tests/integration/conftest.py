@@ -21,16 +21,10 @@ from typing import Any
 
 import pytest
 
+from scripts.demo import cluster_env
+
 REPO = Path(__file__).resolve().parents[2]
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-
-
-def cluster_env() -> dict[str, str]:
-    text = subprocess.run(
-        ["bash", "-c", f'eval "$(bash {REPO}/scripts/cluster.sh env)" && env -0'],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
 
 
 @dataclass
