@@ -82,9 +82,9 @@ class GpuLine:
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in vars(self).items() if k != "summary"}
         g = self.summary
-        for name in METRICS:
-            out[f"{name}_mean"] = self.metric(name)
-            out[f"{name}_max"] = self.metric(name, "max")
+        for name in METRICS:  # the line's own figures (util_mean: the job's share) come first
+            out.setdefault(f"{name}_mean", self.metric(name))
+            out.setdefault(f"{name}_max", self.metric(name, "max"))
         out["mem_used_mean_bytes"] = self.metric("mem_used_bytes")
         out["temp_max_c"] = self.metric("temp_c", "max")
         if g is None:
@@ -101,6 +101,8 @@ class GpuLine:
             xid_events=g.xid_events, ecc_uncorrected=g.ecc_uncorrected,
             processes_max=g.processes_max, never_used=self.never_used, lost_at=g.lost_at,
             shared_fraction=self.shared_fraction, shared_with=g.shared_with,
+            util_whole_mean=g.metric("util"),
+            mem_used_whole_max_bytes=g.metric("mem_used_bytes", "max"),
             own_util_mean=self.metric("own_util"),
             own_mem_used_max_bytes=self.metric("own_mem_used_bytes", "max"),
             hardware_faults=self.hardware_faults, timeline=g.timeline,
@@ -246,9 +248,10 @@ def build_report(
             notes.append(
                 f"{g.node} GPU {g.minor} was shared with "
                 f"{', '.join(g.summary.shared_with if g.summary else []) or 'other work'} "
-                f"{100 * g.shared_fraction:.0f}% of the time: its utilisation, power and memory "
-                "are the whole GPU's"
-                + ("" if own is None else f"; this job's own processes kept it {own:.1f}% busy")
+                f"{100 * g.shared_fraction:.0f}% of the time: "
+                + ("its figures are the whole GPU's" if own is None else
+                   f"this job's own processes kept it {own:.1f}% busy (the whole GPU: "
+                   f"{g.metric('util') or 0:.1f}%); power and energy are the whole GPU's")
             )
     until = max((s.sampled_until for s in summaries if s.sampled_until), default=None)
     report = JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until)
@@ -269,10 +272,15 @@ def _status(job: SlurmJob, summaries: list[NodeSummary], missing_nodes: list[str
 
 
 def _gpu_line(s: NodeSummary, g: GpuSummary) -> GpuLine:
+    # On a GPU shared with other jobs, what the job is charged with (utilisation, memory)
+    # is its own processes' share where NVML could attribute it; power cannot be split.
+    shared = bool(g.shared_s)
+    own_util, own_mem = g.metric("own_util"), g.metric("own_mem_used_bytes", "max")
     return GpuLine(
         node=g.node, minor=g.minor, uuid=g.uuid, name=g.name, status=s.status,
-        util_mean=g.metric("util"), util_max=g.metric("util", "max"),
-        mem_util_mean=g.metric("mem_util"), mem_used_max_bytes=g.metric("mem_used_bytes", "max"),
+        util_mean=own_util if shared and own_util is not None else g.metric("util"),
+        util_max=g.metric("util", "max"), mem_util_mean=g.metric("mem_util"),
+        mem_used_max_bytes=own_mem if shared and own_mem is not None else g.metric("mem_used_bytes", "max"),
         mem_total_bytes=g.memory_total_bytes, power_mean_w=g.metric("power_w"),
         power_max_w=g.metric("power_w", "max"), power_limit_w=g.power_limit_w,
         energy_j=g.energy_j, energy_source=g.energy_source, samples=g.samples,

@@ -176,8 +176,9 @@ def test_shared_gpu_is_said_and_the_jobs_own_share_is_measured(cluster: Cluster)
     summary = cluster.summaries(job)[node]
     window = summary["sampled_until"] - summary["sampled_from"]
     assert gpu["shared_fraction"] == pytest.approx((ended - started) / window, abs=0.15)
-    assert abs(gpu["util_mean"] - cluster.truth(job, node, 80)) <= 2.0  # the whole GPU
+    assert abs(gpu["util_whole_mean"] - cluster.truth(job, node, 80)) <= 2.0  # the whole GPU
     assert abs(gpu["own_util_mean"] - 50) <= 3.0  # this job's processes, while shared
+    assert gpu["util_mean"] == gpu["own_util_mean"]  # what the job is charged with
     assert any("was shared with processes outside any job" in n for n in data["notes"])
 
 
