@@ -18,7 +18,7 @@ from .config import Config, load_config
 from .errors import GpuEffError, SpoolError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .spool import PID_FILE, SUMMARY, Spool, is_sampler, sampler_pid
+from .spool import PID_FILE, SUMMARY, Spool, is_sampler, read_summary, sampler_pid
 
 # The prolog's imports are kept to the bare minimum (no typing, dataclasses, re,
 # subprocess): each costs milliseconds of start-up on every job. The epilog imports
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from .model import NodeSummary
-
 
 
 class HookTimeout(BaseException):
@@ -49,9 +48,8 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
         os.makedirs(job_dir, exist_ok=True)
     except OSError as exc:
         raise SpoolError(f"cannot create {job_dir}: {exc.strerror}") from exc
-    # The sampler inherits this environment, Slurm's variables included: it needs no
-    # other description of the job, and the prolog writes no JSON (json imports re).
-    # The sampler reads the job from Slurm's variables and the config we were given.
+    # The sampler reads the job from Slurm's variables and the config we were given: no
+    # other description of the job, so the prolog writes no JSON (json imports re).
     sampler_env = dict(env, GPUEFF_CONFIG=config.path) if config.path else dict(env)
     pid = start_detached(sampler_command(config, job_dir), sampler_env)
     with open(os.path.join(job_dir, PID_FILE), "w", encoding="ascii") as handle:
@@ -90,8 +88,8 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog, deadline: float
             reason = f"GPUs not sampled: {exc}"
         summary = _missing(job, config, reason)
     summary.ended_at = time.time()
-    spool.post(summary)
-    import shutil
+    spool.post(summary)  # if this fails (disk full), the next delivery sweeps the job dir
+    import shutil  # here: the prolog never needs it
 
     shutil.rmtree(job_dir, ignore_errors=True)
     log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
@@ -110,8 +108,6 @@ def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
 
 def node_summary(job_dir: str, job: JobContext, config: Config) -> NodeSummary:
     """The sampler's last word, with its status set to what really happened."""
-    from .spool import read_summary
-
     try:
         summary = read_summary(os.path.join(job_dir, SUMMARY))
     except GpuEffError as exc:

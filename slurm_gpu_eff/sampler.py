@@ -410,6 +410,7 @@ def run(job_dir: str, config: Config) -> None:
     summary_path = os.path.join(job_dir, SUMMARY)
     stopper = Stopper()
     session = None
+    sampler: Sampler | None = None
     try:
         session = GpuSession(config, job.node)
         gpus = session.bind(parse_job_gpus(job.job_gpus))
@@ -420,7 +421,10 @@ def run(job_dir: str, config: Config) -> None:
         log.write("stopped cleanly")
     except GpuEffError as exc:
         log.write(f"cannot sample: {exc}")
-        write_json(summary_path, failed_summary(job, config, str(exc)).to_dict())
+        # Keep what was measured: a failure mid-job must not overwrite it with nothing.
+        summary = (failed_summary(job, config, str(exc)) if sampler is None
+                   else sampler.snapshot(PARTIAL, f"sampling stopped: {exc}"))
+        checkpoint(summary_path, summary, log)
     finally:
         if session is not None:
             session.close()
