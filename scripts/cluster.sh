@@ -325,13 +325,18 @@ write_devices_json() {
 }
 
 # slurmd accepts only real character devices in gres.conf; major 195 is NVIDIA's.
+# gpu2's device files are numbered against Slurm's order (nvidia0 is minor 3, ...), as
+# AutoDetect can order GPUs by PCI bus rather than by minor: the sampler must bind
+# Slurm's index to the file's minor (slurmd -G), never assume they are equal.
 make_device_nodes() {
-  local node minor dev
+  local node index minor dev
   for node in $(node_names); do
     install -d -m 0755 "$DIR/nodes/$node" "$DIR/slurm/d/$node"
-    for minor in 0 1 2 3; do
-      dev=$DIR/nodes/$node/nvidia$minor
-      [ -c "$dev" ] && continue
+    for index in 0 1 2 3; do
+      minor=$index
+      [ "$node" = gpu2 ] && minor=$((3 - index))
+      dev=$DIR/nodes/$node/nvidia$index
+      [ -c "$dev" ] && [ "$(stat -c %T "$dev")" = "$(printf '%x' "$minor")" ] && continue
       rm -f "$dev"
       mknod -m 0666 "$dev" c 195 "$minor"
     done

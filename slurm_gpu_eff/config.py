@@ -40,6 +40,7 @@ class Config:
         stop_wait_s: float = 3.0,  # how long the epilog waits for the sampler to flush
         python: str = sys.executable,  # interpreter for the processes the hooks start
         sacct: str = "sacct",
+        slurmd: str = "slurmd",  # `slurmd -G` maps Slurm's GPU indexes to device files
         hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
@@ -57,6 +58,7 @@ class Config:
         self.stop_wait_s = stop_wait_s
         self.python = python
         self.sacct = sacct
+        self.slurmd = slurmd
         # [hints] as written: the hints module knows its rules and checks these itself.
         self.hints: dict[str, str] = dict(hints or {})
 
@@ -87,6 +89,7 @@ _KEYS = [
     ("store", "path", "store_path", str),
     ("log", "file", "log_file", str),
     ("slurm", "sacct", "sacct", str),
+    ("slurm", "slurmd", "slurmd", str),
 ]
 
 

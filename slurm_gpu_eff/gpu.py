@@ -335,8 +335,11 @@ class GpuSession:
         except self.nvml.NVMLError as exc:
             raise GpuAccessError(f"NVML cannot start: {exc}") from exc
 
-    def bind(self, wanted: list[int | str]) -> list[Gpu]:
-        """Resolve Slurm's node-level indexes (= device minors) or GPU/MIG UUIDs to devices."""
+    def bind(self, wanted: list[int | str], minors: dict[int, int] | None = None) -> list[Gpu]:
+        """Resolve Slurm's node-level indexes or GPU/MIG UUIDs to devices. An index is a
+        device minor through `minors` (Slurm's own map), else itself (gres.conf listing
+        /dev/nvidia[0-N] in order)."""
+        minors = minors or {}
         nvml = self.nvml
         by_minor: dict[int, tuple[Any, str]] = {}
         by_uuid: dict[str, tuple[Any, int, Any, int | None]] = {}
@@ -358,10 +361,11 @@ class GpuSession:
         gpus = []
         for item in wanted:
             if isinstance(item, int):
-                if item not in by_minor:
-                    raise BindingError(f"no GPU with minor number {item} on this node")
-                handle, uuid = by_minor[item]
-                gpus.append(Gpu(nvml, handle, item, item, uuid, self.clock))
+                minor = minors.get(item, item)
+                if minor not in by_minor:
+                    raise BindingError(f"no GPU with minor number {minor} (Slurm index {item}) here")
+                handle, uuid = by_minor[minor]
+                gpus.append(Gpu(nvml, handle, item, minor, uuid, self.clock))
             else:
                 if item not in by_uuid:
                     raise BindingError(f"no GPU or MIG instance with UUID {item} on this node")

@@ -5,7 +5,6 @@ Pure data in, data out; the CLI fetches, this module computes, the renderer form
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 from .errors import NoGpus, NoSummary
 from .hints import Hint, HintSettings, evaluate, verdict
 from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
-from .slurm import SlurmJob
+from .slurm import SlurmJob, expand_hostlist
 
 IDLE_UTIL = 5.0  # percent: a GPU below this on average did no useful work
 # Every metric the sampler may measure; the report gives each a _mean and a _max,
@@ -286,44 +285,6 @@ def _gpu_line(s: NodeSummary, g: GpuSummary) -> GpuLine:
         energy_j=g.energy_j, energy_source=g.energy_source, samples=g.samples,
         sampled_s=g.sampled_s, errors=list(g.errors), summary=g,
     )
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm hostlists ('gpu[1-3,5],r[1-2]n[01-02]') -> names; what it cannot read, it keeps."""
-    names: list[str] = []
-    for item in _split_top(text or ""):
-        names.extend(_expand_one(item))
-    return [n for n in names if n and n not in ("None assigned", "(null)")]
-
-
-def _split_top(text: str) -> list[str]:
-    """Split at the commas that are not inside brackets."""
-    items: list[str] = []
-    depth, current = 0, ""
-    for char in text:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    return items + [current]
-
-
-def _expand_one(name: str) -> list[str]:
-    """Expand the first bracket group, then the rest of the name, recursively."""
-    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", name)
-    if not match:
-        return [name]
-    prefix, body, rest = match.groups()
-    heads: list[str] = []
-    for part in body.split(","):
-        low, _, high = part.partition("-")
-        if high and low.isdigit() and high.isdigit():
-            heads.extend(f"{i:0{len(low)}d}" for i in range(int(low), int(high) + 1))
-        else:
-            heads.append(part)
-    return [f"{prefix}{head}{tail}" for head in heads for tail in _expand_one(rest)]
 
 
 def clock(ts: float | None) -> str:

@@ -25,6 +25,7 @@ from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
 from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
 from .log import HookLog
 from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
+from .slurm import gres_gpu_minors
 from .spool import SUMMARY, Spool, write_json
 from .stats import Histogram, Stat, Timeline
 
@@ -413,8 +414,9 @@ def run(job_dir: str, config: Config) -> None:
     sampler: Sampler | None = None
     try:
         session = GpuSession(config, job.node)
-        gpus = session.bind(parse_job_gpus(job.job_gpus))
-        log.write(f"sampling {len(gpus)} GPU(s): minors {[g.minor for g in gpus]}")
+        gpus = session.bind(parse_job_gpus(job.job_gpus), gres_gpu_minors(job.node, config.slurmd))
+        log.write(f"sampling {len(gpus)} GPU(s): Slurm indexes {[g.index for g in gpus]} "
+                  f"= minors {[g.minor for g in gpus]}")
         sampler = Sampler(job, config, gpus, clock=session.clock,
                           xid_events=session.xid_events, time_scale=session.time_scale)
         loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)

@@ -18,6 +18,7 @@ from typing import Any
 from ..config import Config
 from ..errors import GpuEffError
 from ..jobenv import parse_job_gpus
+from ..slurm import gres_gpu_minors
 from . import nvml as sim
 from .profile import Profile, ProfileError, parse_profile
 
@@ -33,12 +34,14 @@ def load_profile(path: str) -> Profile:
     return parse_profile(data)
 
 
-def job_minors(env: Mapping[str, str]) -> list[int | str]:
-    """The job's GPUs: device minors (node-level indexes), or MIG instance UUIDs."""
+def job_minors(env: Mapping[str, str], minors: dict[int, int] | None = None) -> list[int | str]:
+    """The job's GPUs: device minors (Slurm's indexes mapped, as the sampler does), or MIG
+    instance UUIDs."""
     gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
     if not gpus:
         raise GpuEffError("this job has no GPUs (SLURM_JOB_GPUS is empty): request --gres=gpu:N")
-    return gpus
+    minors = minors or {}
+    return [minors.get(g, g) if isinstance(g, int) else g for g in gpus]
 
 
 class Publisher:
@@ -139,8 +142,8 @@ def run(
     clock = clock or sim_clock(config)
     scale = config.sim_time_scale
     profile = load_profile(profile_path)
-    minors = job_minors(env)
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    minors = job_minors(env, gres_gpu_minors(node, config.slurmd))
     publisher = Publisher(config, node, env.get("SLURM_JOB_ID", ""))
     stop = {"now": False}
 

@@ -184,3 +184,25 @@ def test_clear_errors_for_unknown_job_and_job_without_gpus(cluster: Cluster) -> 
     none = cluster.gpueff(cpu_job, "alice")
     assert none.code == 4 and "has no GPUs" in none.err
     assert "Traceback" not in unknown.err + bad.err + none.err
+
+
+def test_slurm_index_is_bound_through_the_device_file_not_assumed_to_be_the_minor(
+    cluster: Cluster,
+) -> None:
+    """On gpu2, Slurm's GPU 0 is the device file nvidia0, whose minor is 3 (as AutoDetect
+    may order GPUs by PCI bus): the job is confined to minor 3, and measured there."""
+    profile = cluster.profile([{"seconds": 6, "gpus": {"*": {"util": 75}}}])
+    probe = ("for f in " + str(cluster.dir / "nodes" / "gpu2") + "/nvidia?; do "
+             "cat $f 2>&1 | grep -q 'not permitted' || echo allowed $f; done")
+    job = cluster.submit_profile("alice", profile, "-w", "gpu2", "--gres=gpu:1", before=probe)
+    assert cluster.wait_done(job) == "COMPLETED"
+    output = cluster.output(job)
+    allowed = [line.split()[-1] for line in output.splitlines() if line.startswith("allowed ")]
+    assert len(allowed) == 1, output  # cgroup confinement: one device file
+    index = int(allowed[0][-1])
+    assert f"SLURM_JOB_GPUS={index} " in output
+    minor = os.minor(os.stat(allowed[0]).st_rdev)
+    assert minor == 3 - index != index
+    data = cluster.gpueff(job, "alice", "--json").json()
+    assert [g["minor"] for g in data["gpus"]] == [minor]
+    assert data["gpus"][0]["util_mean"] > 50  # the workload drove that same device

@@ -55,7 +55,7 @@ def test_bound_gpu_knows_its_name_memory_and_power_limit(sim_node: Any) -> None:
 
 
 def test_binding_a_minor_that_does_not_exist_fails(sim_node: Any) -> None:
-    with pytest.raises(BindingError, match="no GPU with minor number 7 on this node"):
+    with pytest.raises(BindingError, match=r"no GPU with minor number 7 \(Slurm index 7\) here"):
         session(sim_node).bind([0, 7])
 
 

@@ -62,7 +62,7 @@ def test_prolog_starts_a_detached_sampler(hook_site: Any) -> None:
         args = handle.read().decode().split("\0")[:-1]
     assert args == [sys.executable, "-I", "-m", "slurm_gpu_eff.sampler", str(job_dir)]
     assert os.getsid(pid) == pid  # its own session: outside the job, outliving the hook
-    assert f"sampler[{pid}]: sampling 2 GPU(s): minors [0, 2]" in hook_site.log()
+    assert f"sampler[{pid}]: sampling 2 GPU(s): Slurm indexes [0, 2] = minors [0, 2]" in hook_site.log()
 
 
 def test_epilog_stops_the_sampler_and_stores_a_complete_summary(hook_site: Any) -> None:

@@ -155,3 +155,27 @@ def test_an_abandoned_job_directory_is_posted_by_the_next_delivery(tmp_path: Pat
     (stored,) = store.node_summaries("7")
     assert stored.status == "partial" and "no epilog posted its summary" in stored.reason
     assert store.node_summaries("8") == []
+
+
+def test_slurms_gpu_indexes_map_to_device_minors_through_slurmd_g(tmp_path: Path) -> None:
+    """With AutoDetect, Slurm's GPU order can differ from the minors': slurmd -G names each
+    index's device file, whose own number is the minor NVML knows."""
+    from slurm_gpu_eff.slurm import gres_gpu_minors
+
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    for name, minor in (("nvidia0", 3), ("nvidia1", 2), ("nvidia-cap7", 7)):
+        try:
+            os.mknod(devices / name, 0o600 | 0o020000, os.makedev(195, minor))
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    slurmd = tmp_path / "slurmd"
+    slurmd.write_text(
+        "#!/bin/sh\n"
+        f"echo 'slurmd: Gres Name=gpu Type=h100 Count=2 Index=0 ID=1 File={devices}/nvidia[0-1] (null)' >&2\n"
+        f"echo 'slurmd: Gres Name=gpu Type=mig Count=1 Index=2 File={devices}/nvidia-caps/x' >&2\n"
+        "echo 'slurmd: Gres Name=shard Count=8 Index=0 ID=2 File=/dev/null' >&2\n"
+    )
+    slurmd.chmod(0o755)
+    assert gres_gpu_minors("gpu1", str(slurmd)) == {0: 3, 1: 2}
+    assert gres_gpu_minors("gpu1", str(tmp_path / "absent")) == {}
