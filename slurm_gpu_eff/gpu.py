@@ -66,10 +66,13 @@ class Reading:
     temp_c: float | None = None
     sm_clock_mhz: float | None = None
     throttle_mask: int | None = None
-    processes: int | None = None
     ecc_uncorrected: int | None = None
     pids: list[tuple[int, int]] | None = None  # (pid, GPU memory bytes) of its processes
     process_sm: dict[int, float] | None = None  # pid -> SM utilisation, when asked for
+
+    @property
+    def processes(self) -> int | None:
+        return None if self.pids is None else len(self.pids)
 
 
 def _text(value: Any) -> str:
@@ -268,8 +271,7 @@ class Gpu:
             return Reading(
                 time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
                 mem_used_bytes=None if memory is None else float(memory.used),
-                gpm=self._gpm_read(), processes=None if processes is None else len(processes),
-                pids=pids,
+                gpm=self._gpm_read(), pids=pids,
             )
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES)
         mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
@@ -292,7 +294,6 @@ class Gpu:
             temp_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
             throttle_mask=self._throttle_mask(),
-            processes=None if processes is None else len(processes),
             ecc_uncorrected=self._call("nvmlDeviceGetTotalEccErrors", 1, 0),  # uncorrected, volatile
             pids=pids,
             process_sm=self._process_sm() if per_process else None,

@@ -97,13 +97,9 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog, deadline: float
 
 
 def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
-    from .model import MISSING, NodeSummary
+    from .model import MISSING
 
-    return NodeSummary(
-        cluster=job.cluster, job_id=job.job_id, node=job.node, status=MISSING, reason=reason,
-        user=job.user, account=job.account, partition=job.partition, job_gpus=job.job_gpus,
-        interval_s=config.interval_s,
-    )
+    return job.summary(MISSING, reason, interval_s=config.interval_s)
 
 
 def node_summary(job_dir: str, job: JobContext, config: Config) -> NodeSummary:

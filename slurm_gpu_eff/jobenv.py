@@ -8,6 +8,8 @@ TYPE_CHECKING = False  # not typing's: importing typing costs the prolog millise
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .model import NodeSummary
+
 _HEX = set("0123456789abcdefABCDEF-")
 MAX_GPUS_PER_NODE = 1024  # a range wider than this is garbage, not a node
 
@@ -92,6 +94,16 @@ class JobContext:
 
     def to_dict(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in self.FIELDS}
+
+    def summary(self, status: str, reason: str = "", **figures: object) -> NodeSummary:
+        """This job's node summary, with what the sampler measured (if anything)."""
+        from .model import NodeSummary  # here: the prolog imports this module, not dataclasses
+
+        return NodeSummary(
+            cluster=self.cluster, job_id=self.job_id, node=self.node, status=status,
+            reason=reason, user=self.user, account=self.account, partition=self.partition,
+            job_gpus=self.job_gpus, **figures,  # type: ignore[arg-type]
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> JobContext:

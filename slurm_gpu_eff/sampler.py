@@ -42,9 +42,8 @@ class GpuStats:
         self.timeline = Timeline()
         self.samples = 0
         self.seconds = 0.0
-        self.energy_last_mj: int | None = None
+        self.energy_last_mj: int | None = None  # set once the GPU has an energy counter
         self.energy_counter_j = 0.0
-        self.energy_counter_ok: bool | None = None
         self.power_energy_j = 0.0
         self.throttle_s = dict.fromkeys(THROTTLE_REASONS, 0.0)
         self.throttle_observed_s: float | None = None
@@ -104,7 +103,7 @@ class GpuStats:
             if histogram is not None:
                 histogram.add(value, weight)
         total = sum(w for _, w in samples)
-        return sum(v * w for v, w in samples) / total if total else (samples[-1][0] if samples else None)
+        return sum(v * w for v, w in samples) / total if total else samples[-1][0]
 
     def _add_energy(self, counter_mj: int | None) -> None:
         if counter_mj is None:
@@ -113,7 +112,6 @@ class GpuStats:
             delta = counter_mj - self.energy_last_mj
             # A counter that went backwards was reset (driver reload): count from zero.
             self.energy_counter_j += (delta if delta >= 0 else counter_mj) / 1000.0
-        self.energy_counter_ok = True
         self.energy_last_mj = counter_mj
 
     def _add_state(self, reading: Reading, seconds: float) -> None:
@@ -125,8 +123,16 @@ class GpuStats:
         if reading.ecc_uncorrected is not None:
             self.ecc_first = reading.ecc_uncorrected if self.ecc_first is None else self.ecc_first
             self.ecc_last = reading.ecc_uncorrected
-        if reading.processes is not None:
-            self.processes_max = max(self.processes_max or 0, reading.processes)
+        if reading.pids is not None:
+            self.processes_max = max(self.processes_max or 0, len(reading.pids))
+
+    MAX_XIDS = 100  # an XID storm over a week must not grow the sampler's memory
+
+    def add_xid(self, now: float, code: int) -> None:
+        if len(self.xid_events) < self.MAX_XIDS:
+            self.xid_events.append({"time": now, "xid": code})
+        elif len(self.errors) < 20 and not any("XID events" in e for e in self.errors):
+            self.errors.append(f"more than {self.MAX_XIDS} XID events: later ones not listed")
 
     def job_of(self, pid: int) -> str | None:
         if pid not in self.jobs_of_pids:
@@ -160,7 +166,7 @@ class GpuStats:
             self.stat("own_util").add(own, seconds)
 
     def energy(self) -> tuple[float | None, str | None]:
-        if self.energy_counter_ok and self.samples > 1:
+        if self.energy_last_mj is not None and self.samples > 1:
             return self.energy_counter_j, "counter"
         if "power_w" in self.stats:
             return self.power_energy_j, "power"
@@ -183,7 +189,7 @@ class GpuStats:
             idle_s=round(histogram.idle_s, 3) if measured else None,
             throttle_s=self.throttle_s if self.throttle_observed_s is not None else None,
             throttle_observed_s=self.throttle_observed_s,
-            xid_events=self.xid_events[:100],
+            xid_events=self.xid_events,
             ecc_uncorrected=None if self.ecc_first is None else self.ecc_last - self.ecc_first,  # type: ignore[operator]
             processes_max=self.processes_max, mig_gi_id=gpu.gi_id, lost_at=self.lost_at,
             shared_s=None if self.shared_s is None else round(self.shared_s, 3),
@@ -238,16 +244,13 @@ class Sampler:
                 if uuid == gpu.uuid or (
                     uuid == gpu.parent_uuid and gi_id in (ALL_GI, gpu.gi_id)
                 ):
-                    stats.xid_events.append({"time": now, "xid": code})
+                    stats.add_xid(now, code)
 
     def snapshot(self, status: str, reason: str = "") -> NodeSummary:
-        job = self.job
-        return NodeSummary(
-            cluster=job.cluster, job_id=job.job_id, node=job.node, status=status, reason=reason,
-            user=job.user, account=job.account, partition=job.partition, job_gpus=job.job_gpus,
-            interval_s=self.config.interval_s, started_at=self.started_at,
+        return self.job.summary(
+            status, reason, interval_s=self.config.interval_s, started_at=self.started_at,
             sampled_from=self.sampled_from, sampled_until=self.sampled_until,
-            gpus=[s.summary(job.node) for s in self.gpus],
+            gpus=[s.summary(self.job.node) for s in self.gpus],
         )
 
 
@@ -424,20 +427,12 @@ def run(job_dir: str, config: Config) -> None:
     except GpuEffError as exc:
         log.write(f"cannot sample: {exc}")
         # Keep what was measured: a failure mid-job must not overwrite it with nothing.
-        summary = (failed_summary(job, config, str(exc)) if sampler is None
+        summary = (job.summary(MISSING, str(exc), interval_s=config.interval_s) if sampler is None
                    else sampler.snapshot(PARTIAL, f"sampling stopped: {exc}"))
         checkpoint(summary_path, summary, log)
     finally:
         if session is not None:
             session.close()
-
-
-def failed_summary(job: JobContext, config: Config, reason: str) -> NodeSummary:
-    return NodeSummary(
-        cluster=job.cluster, job_id=job.job_id, node=job.node, status=MISSING, reason=reason,
-        user=job.user, account=job.account, partition=job.partition, job_gpus=job.job_gpus,
-        interval_s=config.interval_s,
-    )
 
 
 def main(argv: list[str]) -> int:
