@@ -16,7 +16,7 @@ from typing import Any
 import sqlite_utils
 from sqlite_utils import Migrations
 
-from .errors import StoreError
+from .errors import SpoolError, StoreError
 from .model import GpuSummary, NodeSummary
 
 migrations = Migrations("slurm-gpu-eff")
@@ -100,6 +100,8 @@ class Store:
             return [NodeSummary.from_dict(json.loads(r["body"])) for r in rows]
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+        except (ValueError, SpoolError) as exc:  # a row someone edited or truncated
+            raise StoreError(f"store {self.path} holds a corrupt summary of job {job_id}: {exc}") from exc
 
     def close(self) -> None:
         self.db.conn.close()

@@ -179,3 +179,29 @@ def test_slurms_gpu_indexes_map_to_device_minors_through_slurmd_g(tmp_path: Path
     slurmd.chmod(0o755)
     assert gres_gpu_minors("gpu1", str(slurmd)) == {0: 3, 1: 2}
     assert gres_gpu_minors("gpu1", str(tmp_path / "absent")) == {}
+
+
+def test_a_corrupt_stored_summary_is_a_store_error_not_a_crash(tmp_path: Path) -> None:
+    from slurm_gpu_eff.errors import StoreError
+
+    store = Store(str(tmp_path / "store.db"))
+    store.put(summary(COMPLETE, 1.0))
+    store.db.execute("update node_summaries set body = '{not json'")
+    store.db.conn.commit()
+    with pytest.raises(StoreError, match="corrupt summary of job 7"):
+        store.node_summaries("7")
+
+
+def test_the_utilisation_line_counts_only_gpus_whose_utilisation_was_measured() -> None:
+    from slurm_gpu_eff.model import GpuSummary
+    from slurm_gpu_eff.render import render_text
+    from slurm_gpu_eff.report import build_report
+    from slurm_gpu_eff.slurm import SlurmJob
+
+    job = SlurmJob("7", "7", "x", "c", "alice", "a", "gpu", "COMPLETED", "0:0", 600, None,
+                   "", "", 1, 1, "n1", 1.0, None, None, 2)
+    measured = GpuSummary("n1", 0, 0, "GPU-0", "H100", None, None,
+                          metrics={"util": {"mean": 80.0, "max": 90.0}})
+    mig = GpuSummary("n1", 1, 1, "MIG-1", "H100 MIG", None, None, mig_gi_id=3)
+    node = NodeSummary(cluster="c", job_id="7", node="n1", status=COMPLETE, gpus=[measured, mig])
+    assert "GPU Utilisation: 80.0% mean over 1 measured GPU(s)" in render_text(build_report(job, [node]))
