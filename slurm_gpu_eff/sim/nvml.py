@@ -611,9 +611,9 @@ def nvmlDeviceGetComputeRunningProcesses(handle: Any) -> list[c_nvmlProcessInfo_
     if isinstance(target, Device):
         target.check("nvmlDeviceGetComputeRunningProcesses")
     t = now()
-    count = target.event("processes", t)
+    count = target.event("processes", t) if _running(target, t) else 0
     if count is None:  # not named by the profile: one process while a workload runs
-        count = 1 if target.event("lost", t) is None and _running(target, t) else 0
+        count = 1 if target.event("lost", t) is None else 0
     used = int(target.mean("mem_used_gib", t, t) * GIB)
     load = target.workload()
     pid = load.pid if load is not None and load.pid else 100000
@@ -659,8 +659,12 @@ def nvmlDeviceGetProcessUtilization(
 
 
 def _running(target: Target, t: float) -> bool:
+    """The workload runs: started, not ended, and its process alive (NVML lists live
+    processes only; a workload killed with SIGKILL never wrote its end)."""
     load = target.workload()
-    return load is not None and load.started_at <= t and (load.ended_at is None or t < load.ended_at)
+    if load is None or not load.started_at <= t or (load.ended_at is not None and t >= load.ended_at):
+        return False
+    return load.pid is None or os.path.exists(f"/proc/{load.pid}")
 
 
 # --- MIG --------------------------------------------------------------------------------

@@ -59,6 +59,13 @@ def busy(**extra: Any) -> dict[str, Any]:
                   "dram_active": 40, "mem_used_gib": 50, "power_w": 560, **extra}}
 
 
+def util_tolerance(cluster: Cluster, ran: Ran) -> float:
+    """Utilisation comes from the driver's 1/6 s sample windows, which can miss up to one
+    window of the sampled span at each end: a point, plus that edge on a short job."""
+    summary = cluster.summaries(ran.job_id)[ran.node]
+    return 1.0 + 100 * (2 / 6) / (summary["sampled_until"] - summary["sampled_from"])
+
+
 def check_idle(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     assert hint["evidence"]["gpus_idle"] == 1 and hint["evidence"]["gpus_never_opened"] == 1
     assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h, abs=0.001)
@@ -68,13 +75,13 @@ def check_idle(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
 def check_low(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     util = cluster.truth(ran.job_id, ran.node, 10)
     assert hint["severity"] == "critical"
-    assert abs(hint["evidence"]["util_mean_pct"] - util) <= 1.0
+    assert abs(hint["evidence"]["util_mean_pct"] - util) <= util_tolerance(cluster, ran)
     assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h * (1 - util / 80), abs=0.0015)
 
 
 def check_falsely_busy(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     util, sm = (cluster.truth(ran.job_id, ran.node, v) for v in (95, 20))
-    assert abs(hint["evidence"]["util_mean_pct"] - util) <= 1.0
+    assert abs(hint["evidence"]["util_mean_pct"] - util) <= util_tolerance(cluster, ran)
     assert abs(hint["evidence"]["sm_active_mean_pct"] - sm) <= 1.0
     assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h * (1 - sm / util), abs=0.0015)
 
@@ -117,7 +124,8 @@ def check_spread(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
 
 def check_cpu(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     assert hint["evidence"]["cpu_efficiency_pct"] == pytest.approx(ran.data["cpu_efficiency"], abs=0.1)
-    assert abs(hint["evidence"]["util_mean_pct"] - cluster.truth(ran.job_id, ran.node, 30)) <= 1.0
+    util = cluster.truth(ran.job_id, ran.node, 30)
+    assert abs(hint["evidence"]["util_mean_pct"] - util) <= util_tolerance(cluster, ran)
     assert "--cpus-per-gpu" in hint["fix"]
 
 
