@@ -110,7 +110,7 @@ def run_sampler(
     its summary)."""
     job_dir = root / "spool" / "bench" / "jobs" / job_id
     job_dir.mkdir(parents=True)
-    child = subprocess.Popen([PYTHON, "-I", "-m", "slurm_gpu_eff.sampler", str(job_dir)],
+    child = subprocess.Popen([PYTHON, "-I", "-m", "slurm_gpu_eff.node.sampler", str(job_dir)],
                              env={**env, "SLURM_JOB_ID": job_id})
     deadline = time.monotonic() + 30
     while not (job_dir / "summary.json").exists() and time.monotonic() < deadline:
@@ -127,7 +127,7 @@ def stored_bytes_per_gpu(root: Path, summary: dict) -> tuple[float, float]:
     """Bytes one job-GPU adds to the SQLite store, and to the same store after gzip-free
     JSON alone (the body), measured by storing the summary 50 times under new job ids."""
     from slurm_gpu_eff.model import NodeSummary
-    from slurm_gpu_eff.store import Store
+    from slurm_gpu_eff.store.sqlite import Store
 
     store = Store(str(root / "bytes.db"))
     store.put(NodeSummary.from_dict({**summary, "job_id": "0"}))
@@ -147,7 +147,7 @@ def bare_reads_cpu(env: dict[str, str], reads: int) -> float:
     os.environ["GPUEFF_CONFIG"] = env["GPUEFF_CONFIG"]
     sys.path.insert(0, str(REPO))
     from slurm_gpu_eff.config import load_config
-    from slurm_gpu_eff.gpu import load_nvml
+    from slurm_gpu_eff.node.gpu import load_nvml
 
     nvml = load_nvml(load_config(), "bench")
     nvml.nvmlInit()

@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from slurm_gpu_eff.hints import rules_markdown  # noqa: E402
+from slurm_gpu_eff.report.hints import rules_markdown  # noqa: E402
 
 TARGET = REPO / "docs" / "hints.md"
 

@@ -48,11 +48,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> str:
-    from .hints import HintSettings
-    from .render import render_json, render_text
-    from .report import GroupReport, JobReport, build_group, build_report
+    from .report.hints import HintSettings
+    from .report.job import GroupReport, JobReport, build_group, build_report
+    from .report.render import render_json, render_text
     from .slurm import get_jobs
-    from .store import Store
+    from .store.sqlite import Store
 
     config = load_config(args.config)
     settings = HintSettings.from_config(config.hints)
@@ -71,9 +71,9 @@ def cmd_report(args: argparse.Namespace) -> str:
 
 
 def cmd_deliver(args: argparse.Namespace) -> str:
-    from .deliver import deliver
-    from .spool import Spool
-    from .store import Store
+    from .node.spool import Spool
+    from .store.deliver import deliver
+    from .store.sqlite import Store
 
     config = load_config(args.config)
     spool = Spool(config.spool_for(args.node))

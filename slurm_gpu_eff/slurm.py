@@ -8,10 +8,7 @@ job name holding a newline is stitched back together.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import stat
 import subprocess
 from dataclasses import dataclass
 
@@ -207,70 +204,3 @@ def parse_duration(text: str) -> float:
 
 def _int(text: str) -> int:
     return int(text) if text.strip().isdigit() else 0
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm hostlists ('gpu[1-3,5],r[1-2]n[01-02]') -> names; what it cannot read, it keeps."""
-    names: list[str] = []
-    for item in _split_top(text or ""):
-        names.extend(_expand_one(item))
-    return [n for n in names if n and n not in ("None assigned", "(null)")]
-
-
-def _split_top(text: str) -> list[str]:
-    """Split at the commas that are not inside brackets."""
-    items: list[str] = []
-    depth, current = 0, ""
-    for char in text:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    return items + [current]
-
-
-def _expand_one(name: str) -> list[str]:
-    """Expand the first bracket group, then the rest of the name, recursively."""
-    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", name)
-    if not match:
-        return [name]
-    prefix, body, rest = match.groups()
-    heads: list[str] = []
-    for part in body.split(","):
-        low, _, high = part.partition("-")
-        if high and low.isdigit() and high.isdigit():
-            heads.extend(f"{i:0{len(low)}d}" for i in range(int(low), int(high) + 1))
-        else:
-            heads.append(part)
-    return [f"{prefix}{head}{tail}" for head in heads for tail in _expand_one(rest)]
-
-
-def gres_gpu_minors(node: str, slurmd: str = "slurmd") -> dict[int, int]:
-    """Slurm's numbering of a node's GPUs (the indexes in SLURM_JOB_GPUS) -> device minor
-    numbers, from `slurmd -G` (gres.conf as slurmd reads it, AutoDetect included) and the
-    device files themselves. Slurm's order need not be the minors' (with AutoDetect it can
-    follow PCI order): binding by this map is right either way. {} when it cannot be had,
-    and an index it does not map (a MIG capability file) is left out."""
-    if "/" not in slurmd:  # a prolog's PATH often lacks the sbin directories
-        search = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin"
-        slurmd = shutil.which(slurmd, path=search) or slurmd
-    try:
-        done = subprocess.run([slurmd, "-G", "-N", node], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    minors: dict[int, int] = {}
-    # slurmd prints the list through its logger, to stderr on 22.05
-    for line in (done.stdout + done.stderr).decode("utf-8", "replace").splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if fields.get("Name") != "gpu" or not fields.get("Index", "").isdigit() or "File" not in fields:
-            continue
-        for offset, path in enumerate(expand_hostlist(fields["File"])):
-            try:
-                info = os.stat(path)
-            except OSError:
-                continue
-            if stat.S_ISCHR(info.st_mode) and "nvidia-caps" not in path:
-                minors[int(fields["Index"]) + offset] = os.minor(info.st_rdev)
-    return minors

@@ -1,6 +1,6 @@
 """A simulated NVML with the pynvml API surface: same function names, return shapes, errors.
 
-Only slurm_gpu_eff.gpu loads it (in place of pynvml, when the config says backend = sim).
+Only slurm_gpu_eff.node.gpu loads it (in place of pynvml, when the config says backend = sim).
 Devices come from a JSON file ({node: [device, ...]}); what each device does comes from
 the workload running inside the job (`gpueff-sim run`), which writes one state file per
 GPU: the profile and when it started. Readings are computed from that profile at the
@@ -229,7 +229,7 @@ class c_nvmlEventData_t:
         self.computeInstanceId = 0xFFFFFFFF
 
 
-# --- configuration (the seam in slurm_gpu_eff.gpu calls this before nvmlInit) ---------
+# --- configuration (the seam in slurm_gpu_eff.node.gpu calls this before nvmlInit) ---------
 
 _settings: dict[str, Any] = {}
 _devices: list[Device] | None = None

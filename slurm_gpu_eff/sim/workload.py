@@ -17,8 +17,8 @@ from typing import Any
 
 from ..config import Config
 from ..errors import GpuEffError
-from ..jobenv import parse_job_gpus
-from ..slurm import gres_gpu_minors
+from ..node.binding import gres_gpu_minors
+from ..node.jobenv import parse_job_gpus
 from . import nvml as sim
 from .profile import Profile, ProfileError, parse_profile
 

@@ -234,7 +234,7 @@ class HookSite:
         """What the store holds for the job ([] when there is no store at all)."""
         if not self.store_path.exists():
             return []
-        from slurm_gpu_eff.store import Store
+        from slurm_gpu_eff.store.sqlite import Store
 
         store = Store(str(self.store_path), readonly=True)
         try:

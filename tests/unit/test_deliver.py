@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_eff.deliver import CLAIM, deliver
 from slurm_gpu_eff.errors import StoreError
 from slurm_gpu_eff.model import COMPLETE, RUNNING
-from slurm_gpu_eff.spool import Spool, write_json
-from slurm_gpu_eff.store import Store
+from slurm_gpu_eff.node.spool import Spool, write_json
+from slurm_gpu_eff.store.deliver import CLAIM, deliver
+from slurm_gpu_eff.store.sqlite import Store
 
 Factory = Callable[..., Any]
 
@@ -139,7 +139,7 @@ def test_deliver_main_as_the_epilog_runs_it(
     monkeypatch.setenv("GPUEFF_CONFIG", str(config))
     spool.post(make_summary())
     write_json(os.path.join(spool.outbox, "junk.json"), "not a summary")
-    done = subprocess.run([sys.executable, "-I", "-m", "slurm_gpu_eff.deliver", spool.root],
+    done = subprocess.run([sys.executable, "-I", "-m", "slurm_gpu_eff.store.deliver", spool.root],
                           capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr.startswith("not a summary, set aside: ")

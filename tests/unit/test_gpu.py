@@ -9,7 +9,7 @@ import pytest
 
 from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import BindingError, GpuAccessError, GpuLost
-from slurm_gpu_eff.gpu import GpuSession, load_nvml
+from slurm_gpu_eff.node.gpu import GpuSession, load_nvml
 from slurm_gpu_eff.sim import nvml as sim
 
 GIB = 1024**3

@@ -18,8 +18,17 @@ import pytest
 from slurm_gpu_eff import model
 from slurm_gpu_eff.config import parse_ini
 from slurm_gpu_eff.errors import ConfigError
-from slurm_gpu_eff.hints import RULE_BY_ID, RULES, Hint, HintSettings, evaluate, rules_markdown, verdict
-from slurm_gpu_eff.report import METRICS, JobReport, build_report
+from slurm_gpu_eff.report.hints import (
+    RULE_BY_ID,
+    RULES,
+    Hint,
+    HintSettings,
+    evaluate,
+    rules_markdown,
+    verdict,
+)
+from slurm_gpu_eff.report.job import build_report
+from slurm_gpu_eff.report.shapes import METRICS, JobReport
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3

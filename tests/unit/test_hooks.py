@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from slurm_gpu_eff import config as config_module
-from slurm_gpu_eff import hooks
+from slurm_gpu_eff.node import hooks
 from slurm_gpu_eff.model import COMPLETE, MISSING, PARTIAL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_prolog_starts_a_detached_sampler(hook_site: Any) -> None:
     assert hook_site.is_running(pid)
     with open(f"/proc/{pid}/cmdline", "rb") as handle:
         args = handle.read().decode().split("\0")[:-1]
-    assert args == [sys.executable, "-I", "-m", "slurm_gpu_eff.sampler", str(job_dir)]
+    assert args == [sys.executable, "-I", "-m", "slurm_gpu_eff.node.sampler", str(job_dir)]
     assert os.getsid(pid) == pid  # its own session: outside the job, outliving the hook
     assert f"sampler[{pid}]: sampling 2 GPU(s): Slurm indexes [0, 2] = minors [0, 2]" in hook_site.log()
 
@@ -268,7 +268,7 @@ def test_no_config_file_at_all_means_defaults(
     env = hook_site.export(hook_site.env())
     assert hooks.main(["prolog"], env) == 0
     job_dir = defaults_in_tmp.parent.parent / "spool" / "gpu1" / "jobs" / "4242"
-    assert started == [[sys.executable, "-I", "-m", "slurm_gpu_eff.sampler", str(job_dir)]]
+    assert started == [[sys.executable, "-I", "-m", "slurm_gpu_eff.node.sampler", str(job_dir)]]
     assert "started sampler pid 999999999" in defaults_in_tmp.read_text()
 
 

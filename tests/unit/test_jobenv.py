@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_gpu_eff.errors import BindingError
-from slurm_gpu_eff.jobenv import JobContext, parse_job_gpus
+from slurm_gpu_eff.node.jobenv import JobContext, parse_job_gpus
 
 GPU_UUID = "GPU-5f1c0a9e-3b2d-4c1e-9a7f-0123456789ab"
 MIG_UUID = "MIG-8d2e4f6a-1b3c-5d7e-9f0a-b1c2d3e4f5a6"

@@ -52,7 +52,7 @@ def imports(name: str, path: Path) -> set[str]:
 
 
 def test_the_import_scanner_sees_relative_and_dynamic_imports() -> None:
-    found = imports("slurm_gpu_eff.gpu", PACKAGE / "gpu.py")
+    found = imports("slurm_gpu_eff.node.gpu", PACKAGE / "node" / "gpu.py")
     assert {"slurm_gpu_eff.config", "slurm_gpu_eff.sim.nvml", "pynvml"} <= found
     assert "slurm_gpu_eff.config" in imports("slurm_gpu_eff.sim.cli", PACKAGE / "sim" / "cli.py")
     assert len(modules()) >= 20
@@ -71,11 +71,52 @@ def test_only_gpu_py_imports_pynvml() -> None:
         str(path.relative_to(PACKAGE.parent)) for name, path in modules().items()
         if any(i == "pynvml" or i.startswith("pynvml.") for i in imports(name, path))
     }
-    assert users == {"slurm_gpu_eff/gpu.py"}
+    assert users == {"slurm_gpu_eff/node/gpu.py"}
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (a `from x import name` counts as x)."""
+    names = modules()
+    return {
+        name: {i for i in imports(name, path) if i in names and i != name}
+        for name, path in names.items()
+    }
+
+
+def test_there_are_no_import_cycles() -> None:
+    graph = package_graph()
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(" -> ".join(path + [nxt]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    assert cycles == []
+
+
+# What runs on a node may lean on the ground modules, never on the accounting, store or
+# report code (their imports are slow, and a node must work when they break).
+NODE_MAY_USE = {"slurm_gpu_eff", "slurm_gpu_eff.errors", "slurm_gpu_eff.model", "slurm_gpu_eff.config",
+                "slurm_gpu_eff.hostlist"}
+
+
+def test_node_modules_use_only_node_and_ground_modules() -> None:
+    graph = package_graph()
+    outside = {
+        f"{name} -> {dep}" for name, deps in graph.items() if name.startswith("slurm_gpu_eff.node")
+        for dep in deps if not dep.startswith("slurm_gpu_eff.node") and dep not in NODE_MAY_USE
+        and not dep.startswith("slurm_gpu_eff.sim")  # until the simulator is out of gpu.py
+    }
+    assert outside == set()
 
 
 def test_model_and_errors_import_only_the_standard_library() -> None:
-    for name in ("slurm_gpu_eff.model", "slurm_gpu_eff.errors", "slurm_gpu_eff.stats"):
+    for name in ("slurm_gpu_eff.model", "slurm_gpu_eff.errors", "slurm_gpu_eff.node.stats"):
         outside = {
             i for i in imports(name, modules()[name])
             if i.split(".")[0] not in sys.stdlib_module_names
@@ -94,7 +135,7 @@ def loaded_after(code: str) -> dict[str, bool]:
 
 
 @pytest.mark.parametrize(
-    "module", ["slurm_gpu_eff.hooks", "slurm_gpu_eff.sampler", "slurm_gpu_eff.gpu"],
+    "module", ["slurm_gpu_eff.node.hooks", "slurm_gpu_eff.node.sampler", "slurm_gpu_eff.node.gpu"],
 )
 def test_hot_path_imports_stay_light(module: str) -> None:
     assert loaded_after(f"import {module}") == dict.fromkeys(HEAVY, False)
@@ -104,9 +145,9 @@ def test_all_hot_paths_together_and_a_sim_session_stay_light(tmp_path: Path) -> 
     devices = tmp_path / "devices.json"
     devices.write_text('{"n": [{"minor": 0, "uuid": "GPU-0"}]}')
     code = (
-        "import slurm_gpu_eff.hooks, slurm_gpu_eff.sampler, slurm_gpu_eff.gpu\n"
+        "import slurm_gpu_eff.node.hooks, slurm_gpu_eff.node.sampler, slurm_gpu_eff.node.gpu\n"
         "from slurm_gpu_eff.config import Config\n"
-        "from slurm_gpu_eff.gpu import GpuSession\n"
+        "from slurm_gpu_eff.node.gpu import GpuSession\n"
         f"s = GpuSession(Config(gpu_backend='sim', sim_devices={str(devices)!r}, "
         f"sim_state_dir={str(tmp_path)!r}), 'n')\n"
         "assert [g.minor for g in s.bind([0])] == [0]\n"
@@ -115,5 +156,5 @@ def test_all_hot_paths_together_and_a_sim_session_stay_light(tmp_path: Path) -> 
 
 
 def test_the_probe_would_notice_a_heavy_import() -> None:
-    assert loaded_after("import slurm_gpu_eff.render")["jinja2"] is True
-    assert loaded_after("import slurm_gpu_eff.store")["sqlite_utils"] is True
+    assert loaded_after("import slurm_gpu_eff.report.render")["jinja2"] is True
+    assert loaded_after("import slurm_gpu_eff.store.sqlite")["sqlite_utils"] is True

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from slurm_gpu_eff.model import PARTIAL, RUNNING
-from slurm_gpu_eff.render import clean, render_json, render_text
-from slurm_gpu_eff.report import JobReport, build_report, clock
+from slurm_gpu_eff.report.job import build_report
+from slurm_gpu_eff.report.render import clean, render_json, render_text
+from slurm_gpu_eff.report.shapes import JobReport, clock
 
 Factory = Callable[..., Any]
 GIB = 1024**3

@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from slurm_gpu_eff.errors import NoGpus, NoSummary
+from slurm_gpu_eff.hostlist import expand_hostlist
 from slurm_gpu_eff.model import COMPLETE, MISSING, PARTIAL, RUNNING
-from slurm_gpu_eff.report import build_report, clock, expand_hostlist
+from slurm_gpu_eff.report.job import build_report
+from slurm_gpu_eff.report.shapes import clock
 
 Factory = Callable[..., Any]
 

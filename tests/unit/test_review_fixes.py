@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_eff import hooks
+from slurm_gpu_eff.node import hooks
 from slurm_gpu_eff.config import load_config
-from slurm_gpu_eff.deliver import deliver
 from slurm_gpu_eff.errors import ConfigError
-from slurm_gpu_eff.log import HookLog
+from slurm_gpu_eff.hostlist import expand_hostlist
 from slurm_gpu_eff.model import COMPLETE, RUNNING, NodeSummary
-from slurm_gpu_eff.report import expand_hostlist
-from slurm_gpu_eff.spool import Spool
-from slurm_gpu_eff.stats import Stat, Timeline
-from slurm_gpu_eff.store import Store
+from slurm_gpu_eff.node.log import HookLog
+from slurm_gpu_eff.node.spool import Spool
+from slurm_gpu_eff.node.stats import Stat, Timeline
+from slurm_gpu_eff.store.deliver import deliver
+from slurm_gpu_eff.store.sqlite import Store
 
 
 def summary(status: str, until: float) -> NodeSummary:
@@ -107,7 +107,7 @@ def test_hostlists_with_several_bracket_groups_expand_fully() -> None:
 
 
 def test_the_jobs_cgroup_is_found_in_v1_per_node_and_v2_layouts(tmp_path: Path) -> None:
-    from slurm_gpu_eff.jobenv import job_cgroup_exists
+    from slurm_gpu_eff.node.jobenv import job_cgroup_exists
 
     (tmp_path / "freezer" / "slurm_gpu2" / "uid_1001" / "job_42").mkdir(parents=True)
     (tmp_path / "system.slice" / "slurmstepd.scope" / "job_7").mkdir(parents=True)
@@ -120,8 +120,8 @@ def test_the_jobs_cgroup_is_found_in_v1_per_node_and_v2_layouts(tmp_path: Path) 
 def test_an_orphaned_sampler_stops_only_when_slurm_agrees_the_job_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from slurm_gpu_eff import sampler
-    from slurm_gpu_eff.jobenv import JobContext
+    from slurm_gpu_eff.node import sampler
+    from slurm_gpu_eff.node.jobenv import JobContext
 
     exists = {"now": True}
     monkeypatch.setattr(sampler, "job_cgroup_exists", lambda job, node: exists["now"])
@@ -140,7 +140,7 @@ def test_an_orphaned_sampler_stops_only_when_slurm_agrees_the_job_ended(
 
 
 def test_an_abandoned_job_directory_is_posted_by_the_next_delivery(tmp_path: Path) -> None:
-    from slurm_gpu_eff.spool import write_json
+    from slurm_gpu_eff.node.spool import write_json
 
     spool = Spool(str(tmp_path / "spool"))
     old, fresh = Path(spool.job_dir("7")), Path(spool.job_dir("8"))
@@ -160,7 +160,7 @@ def test_an_abandoned_job_directory_is_posted_by_the_next_delivery(tmp_path: Pat
 def test_slurms_gpu_indexes_map_to_device_minors_through_slurmd_g(tmp_path: Path) -> None:
     """With AutoDetect, Slurm's GPU order can differ from the minors': slurmd -G names each
     index's device file, whose own number is the minor NVML knows."""
-    from slurm_gpu_eff.slurm import gres_gpu_minors
+    from slurm_gpu_eff.node.binding import gres_gpu_minors
 
     devices = tmp_path / "dev"
     devices.mkdir()
@@ -194,8 +194,8 @@ def test_a_corrupt_stored_summary_is_a_store_error_not_a_crash(tmp_path: Path) -
 
 def test_the_utilisation_line_counts_only_gpus_whose_utilisation_was_measured() -> None:
     from slurm_gpu_eff.model import GpuSummary
-    from slurm_gpu_eff.render import render_text
-    from slurm_gpu_eff.report import build_report
+    from slurm_gpu_eff.report.job import build_report
+    from slurm_gpu_eff.report.render import render_text
     from slurm_gpu_eff.slurm import SlurmJob
 
     job = SlurmJob("7", "7", "x", "c", "alice", "a", "gpu", "COMPLETED", "0:0", 600, None,

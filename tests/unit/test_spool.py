@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_eff import spool as spool_module
+from slurm_gpu_eff.node import spool as spool_module
 from slurm_gpu_eff.errors import SpoolError
 from slurm_gpu_eff.model import NodeSummary
-from slurm_gpu_eff.spool import Spool, read_json, read_summary, write_json
+from slurm_gpu_eff.node.spool import Spool, read_json, read_summary, write_json
 
 
 def test_write_json_replaces_the_file(tmp_path: Path) -> None:

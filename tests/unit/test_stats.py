@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_eff.stats import Stat
+from slurm_gpu_eff.node.stats import Stat
 
 
 def test_mean_is_weighted_by_the_time_each_reading_stands_for() -> None:

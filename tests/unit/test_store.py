@@ -11,7 +11,7 @@ import pytest
 
 from slurm_gpu_eff.errors import StoreError
 from slurm_gpu_eff.model import COMPLETE, MISSING, PARTIAL, RUNNING
-from slurm_gpu_eff.store import Store
+from slurm_gpu_eff.store.sqlite import Store
 
 Factory = Callable[..., Any]
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 
-from .errors import SpoolError
+from ..errors import SpoolError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the prolog milliseconds
 if TYPE_CHECKING:
-    from .model import NodeSummary
+    from ..model import NodeSummary
 
 _SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
@@ -119,7 +119,7 @@ def read_json(path: str) -> object:
 
 
 def read_summary(path: str) -> NodeSummary:
-    from .model import NodeSummary  # not at the top: the prolog does not need dataclasses
+    from ..model import NodeSummary  # not at the top: the prolog does not need dataclasses
 
     data = read_json(path)
     if not isinstance(data, dict):

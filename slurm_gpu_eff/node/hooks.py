@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from .config import Config, load_config
-from .errors import GpuEffError, SpoolError
+from ..config import Config, load_config
+from ..errors import GpuEffError, SpoolError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
 from .spool import PID_FILE, SUMMARY, Spool, is_sampler, read_summary, sampler_pid
@@ -27,7 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .model import NodeSummary
+    from ..model import NodeSummary
 
 
 class HookTimeout(BaseException):
@@ -35,7 +35,7 @@ class HookTimeout(BaseException):
 
 
 def sampler_command(config: Config, job_dir: str) -> list[str]:
-    return [config.python, "-I", "-m", "slurm_gpu_eff.sampler", job_dir]
+    return [config.python, "-I", "-m", "slurm_gpu_eff.node.sampler", job_dir]
 
 
 def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
@@ -97,7 +97,7 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog, deadline: float
 
 
 def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
-    from .model import MISSING
+    from ..model import MISSING
 
     return job.summary(MISSING, reason, interval_s=config.interval_s)
 
@@ -156,7 +156,7 @@ def deliver(config: Config, spool: Spool, log: HookLog, deadline: float) -> None
         return
     import subprocess  # here, not at the top: the prolog never needs it and it costs ms
 
-    command = [config.python, "-I", "-m", "slurm_gpu_eff.deliver", spool.root]
+    command = [config.python, "-I", "-m", "slurm_gpu_eff.store.deliver", spool.root]
     try:
         done = subprocess.run(
             command, stdin=subprocess.DEVNULL, capture_output=True, timeout=budget, check=False

@@ -1,6 +1,6 @@
 """The per-job sampler: polls the job's GPUs, keeps streaming statistics, checkpoints.
 
-Started detached by the prolog (`python -m slurm_gpu_eff.sampler JOB_DIR`), with the
+Started detached by the prolog (`python -m slurm_gpu_eff.node.sampler JOB_DIR`), with the
 prolog's environment (SLURM_JOB_ID, SLURM_JOB_GPUS, SLURMD_NODENAME...), stopped by
 the epilog with SIGTERM, on which it takes a last reading, writes its summary and
 exits. Memory is constant whatever the job's length; a checkpoint reaches the spool at
@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .config import Config, load_config
-from .errors import GpuEffError, GpuLost
+from ..config import Config, load_config
+from ..errors import GpuEffError, GpuLost
+from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
+from .binding import gres_gpu_minors
 from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
 from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
 from .log import HookLog
-from .model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
-from .slurm import gres_gpu_minors
 from .spool import SUMMARY, Spool, write_json
 from .stats import Histogram, Stat, Timeline
 
@@ -401,7 +401,7 @@ class LiveDelivery:
 
 def spawn_delivery(config: Config, spool_root: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [config.python, "-I", "-m", "slurm_gpu_eff.deliver", spool_root],
+        [config.python, "-I", "-m", "slurm_gpu_eff.store.deliver", spool_root],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -437,7 +437,7 @@ def run(job_dir: str, config: Config) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m slurm_gpu_eff.sampler JOB_DIR", file=sys.stderr)
+        print("usage: python -m slurm_gpu_eff.node.sampler JOB_DIR", file=sys.stderr)
         return 2
     try:
         run(argv[0], load_config())

@@ -13,10 +13,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .config import load_config
-from .errors import GpuEffError, SpoolError
-from .spool import SUMMARY, Spool, is_sampler, read_summary, sampler_pid
-from .store import Store
+from ..config import load_config
+from ..errors import GpuEffError, SpoolError
+from ..node.spool import SUMMARY, Spool, is_sampler, read_summary, sampler_pid
+from .sqlite import Store
 
 CLAIM = ".claim-"
 
@@ -137,7 +137,7 @@ def _unclaim(claimed: str, path: str) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m slurm_gpu_eff.deliver SPOOL_DIR", file=sys.stderr)
+        print("usage: python -m slurm_gpu_eff.store.deliver SPOOL_DIR", file=sys.stderr)
         return 2
     try:
         store = Store(load_config().store_path)

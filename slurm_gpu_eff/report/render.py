@@ -9,7 +9,7 @@ from typing import Any
 
 import jinja2
 
-from .report import GroupReport, JobReport
+from .shapes import GroupReport, JobReport
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 (CSI, NEL...)
 
@@ -76,7 +76,7 @@ def clocktime(ts: float | None) -> str:
 
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("slurm_gpu_eff", "templates"),
+        loader=jinja2.PackageLoader("slurm_gpu_eff.report", "templates"),
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from .errors import BindingError
+from ..errors import BindingError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the prolog milliseconds
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .model import NodeSummary
+    from ..model import NodeSummary
 
 _HEX = set("0123456789abcdefABCDEF-")
 MAX_GPUS_PER_NODE = 1024  # a range wider than this is garbage, not a node
@@ -97,7 +97,7 @@ class JobContext:
 
     def summary(self, status: str, reason: str = "", **figures: object) -> NodeSummary:
         """This job's node summary, with what the sampler measured (if anything)."""
-        from .model import NodeSummary  # here: the prolog imports this module, not dataclasses
+        from ..model import NodeSummary  # here: the prolog imports this module, not dataclasses
 
         return NodeSummary(
             cluster=self.cluster, job_id=self.job_id, node=self.node, status=status,

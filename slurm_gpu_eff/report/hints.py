@@ -7,8 +7,8 @@ template only names evidence figures, filled in by `render_message`). A rule nev
 speaks from a metric that was not measured: `evaluate` shows each rule only the GPUs on
 which every metric it needs was measured, and no GPU at all means no hint.
 
-Standard library only, and `report` is imported for type checking alone, so that the
-report module can import this one.
+Standard library only; the report's shapes come from `shapes`, so that `job` (which builds
+a report and asks this module for its hints) and this module never import each other.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .report import GpuLine, JobReport
+from ..errors import ConfigError
+from .shapes import GpuLine, Hint, JobReport
 
 SEVERITIES = ("critical", "warning", "info")  # most urgent first
 AUDIENCES = ("user", "admin")
@@ -32,25 +30,6 @@ GIB = 1024**3
 MIB = 1024**2
 _RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 GOOD_UTIL_PCT = 70.0  # the verdict says "Good" from here, "Fair" below (with no warning)
-
-
-@dataclass(frozen=True)
-class Hint:
-    id: str  # the rule's id
-    severity: str  # "info" | "warning" | "critical"
-    audience: str  # "user" | "admin" (hardware problems are the site's)
-    message: str  # one sentence: "<headline>: <detail>."
-    evidence: dict[str, Any]  # the measured figures behind it; key names carry units
-    fix: str  # the #SBATCH line or code change to make
-    savings_gpu_hours: float | None  # on this job; None when it cannot be said
-    link: str | None = None  # the site's documentation, from the config
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "severity": self.severity, "audience": self.audience,
-            "message": self.message, "evidence": self.evidence, "fix": self.fix,
-            "savings_gpu_hours": self.savings_gpu_hours, "link": self.link,
-        }
 
 
 @dataclass(frozen=True)

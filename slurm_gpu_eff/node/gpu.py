@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .config import Config
-from .errors import BindingError, GpuAccessError, GpuLost
+from ..config import Config
+from ..errors import BindingError, GpuAccessError, GpuLost
 
 
 def load_nvml(config: Config, node: str) -> ModuleType:
     """The NVML module the config asks for: real pynvml, or the simulation for `node`."""
     if config.gpu_backend == "sim":
-        from .sim import nvml as simulated
+        from ..sim import nvml as simulated
 
         simulated.configure(config.sim_devices, config.sim_state_dir, node, config.sim_time_scale)
         return simulated

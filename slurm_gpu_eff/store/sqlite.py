@@ -16,8 +16,8 @@ from typing import Any
 import sqlite_utils
 from sqlite_utils import Migrations
 
-from .errors import SpoolError, StoreError
-from .model import GpuSummary, NodeSummary
+from ..errors import SpoolError, StoreError
+from ..model import GpuSummary, NodeSummary
 
 migrations = Migrations("slurm-gpu-eff")
 

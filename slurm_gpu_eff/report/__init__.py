@@ -1,0 +1,1 @@
+"""What people read: the job report, its hints, and the rendering of both."""

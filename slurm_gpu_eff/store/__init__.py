@@ -1,0 +1,1 @@
+"""Where node summaries go: the store engine, and delivery from the node spool."""
