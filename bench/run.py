@@ -5,17 +5,17 @@ run on the same machine, so the numbers travel between machines:
 - prolog wall time (median of 20) / bare interpreter start (`.venv/bin/python -c pass`);
 - sampler CPU per GPU-sample with 4 simulated GPUs, start-up excluded (the child's
   rusage minus that of a sampler stopped after its first reading), / the bare cost of
-  the NVML calls it makes (same backend, in-process). At 1 s a 20 s run costs less CPU
-  than rusage resolves, so the loop runs at --interval (default 20 ms): the cost of a
-  reading does not depend on the interval, and the sampler blocks in select() between;
+  the NVML calls it makes (the same pynvml over the same stand-in libnvidia-ml.so.1,
+  in-process). At 1 s a 20 s run costs less CPU than rusage resolves, so the loop runs
+  at --interval (default 20 ms): the cost of a reading does not depend on the interval,
+  and the sampler blocks in select() between;
 - sampler RSS at the end of the run;
 - bytes one job-GPU adds to the SQLite store (the summary of this short run: a long job
   adds up to 720 timeline points per GPU, about 13 KB per GPU after 7 days).
 The sampler reads the full metric set (driver samples, GPM, clocks, throttling,
-processes, ECC, XID); issue #3's bar for it is 2 ms per GPU-sample, #2's was 1 ms.
-GPUs are simulated (no GPU here); the simulated NVML computes each reading from a
-profile, so its calls cost more than the real driver's and the sampler figure is an
-upper bound for the sampler's own work.
+processes, ECC, XID) through the real pynvml binding; bar: 1 ms and 1.5x the bare calls
+per GPU-sample (issue #7). GPUs are simulated below pynvml (no GPU here): the stand-in
+library computes each reading from a profile, so the ratio is the figure that carries.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 PROLOG = str(REPO / "prolog" / "gpueff-prolog")
+STANDIN = str(REPO / "build" / "nvml" / "current" / "libnvidia-ml.so.1")  # `make` builds it
 GPUS = 4
 
 
@@ -51,12 +52,14 @@ def setup(root: Path, interval: float) -> dict[str, str]:
     profile = {"phases": [{"seconds": 3600, "gpus": {"*": {
         "util": {"low": 0, "high": 100, "period_s": 2, "duty": 0.5},
         "mem_util": 40, "mem_used_gib": 30, "power_w": 400}}}]}
+    from slurm_gpu_eff.sim.profile import parse_profile
+    from slurm_gpu_eff.sim.workload import state_record
+
     for i in range(GPUS):
-        (state / f"gpu{i}.json").write_text(json.dumps({
-            "job_id": "1", "position": i, "profile": profile,
-            "started_at": time.time(), "ended_at": None, "prior_extra_j": 0}))
+        record = state_record(parse_profile(profile), i, time.time(), job_id="1")
+        (state / f"gpu{i}.json").write_text(json.dumps(record))
     (root / "gpueff.conf").write_text(
-        f"[gpu]\nbackend = sim\n[sim]\ndevices = {root}/devices.json\nstate_dir = {root}/state\n"
+        f"[gpu]\nlibrary = {STANDIN}\n[sim]\ndevices = {root}/devices.json\nstate_dir = {root}/state\n"
         f"[sampler]\ninterval_s = {interval}\ncheckpoint_s = 60\nlive_s = 3600\n"
         f"[spool]\ndir = {root}/spool/%n\n[store]\npath = {root}/store.db\n"
         f"[log]\nfile = {root}/log/%n.log\n[hooks]\npython = {PYTHON}\n"
@@ -143,45 +146,53 @@ def stored_bytes_per_gpu(root: Path, summary: dict) -> tuple[float, float]:
 
 
 def bare_reads_cpu(env: dict[str, str], reads: int) -> float:
-    """CPU per GPU-sample of the NVML calls alone, in this process (the baseline)."""
-    os.environ["GPUEFF_CONFIG"] = env["GPUEFF_CONFIG"]
+    """CPU per GPU-sample of the NVML calls alone, through the same pynvml and library,
+    in this process (the baseline): the calls the sampler makes per GPU and poll."""
+    os.environ.update(GPUEFF_CONFIG=env["GPUEFF_CONFIG"], SLURMD_NODENAME=env["SLURMD_NODENAME"])
     sys.path.insert(0, str(REPO))
     from slurm_gpu_eff.config import load_config
     from slurm_gpu_eff.node.gpu import load_nvml
 
-    nvml = load_nvml(load_config(), "bench")
+    nvml = load_nvml(load_config())
     nvml.nvmlInit()
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(GPUS)]
-    gpm = [(nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()) for _ in handles]
+    gpm = [[nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()] for _ in handles]
     for h, (first, _) in zip(handles, gpm, strict=True):
         nvml.nvmlGpmSampleGet(h, first)
-    last_us = int(nvml.now() * 1e6)
+    gpm_at = time.time()
+    last_us = int(time.time() * 1e6)
     start = time.process_time()
     for _ in range(reads // GPUS):
         time.sleep(0.001)  # let the driver's sample buffer fill a little, as between polls
-        for h, (first, second) in zip(handles, gpm, strict=True):
-            # the calls the sampler makes per GPU and poll, nothing else
+        take_gpm = time.time() - gpm_at > 0.1  # as the sampler: GPM pairs > 100 ms apart
+        for h, pair in zip(handles, gpm, strict=True):
             for kind in (1, 2):
                 try:
                     nvml.nvmlDeviceGetSamples(h, kind, last_us)
                 except nvml.NVMLError_NotFound:
                     pass
-            nvml.nvmlDeviceGetMemoryInfo(h)
+            nvml.nvmlDeviceGetMemoryInfo(h, nvml.nvmlMemory_v2)
             nvml.nvmlDeviceGetComputeRunningProcesses(h)
             nvml.nvmlDeviceGetPowerUsage(h)
-            nvml.nvmlDeviceGetTemperature(h, 0)
+            nvml.nvmlDeviceGetTemperatureV(h, 0)
             nvml.nvmlDeviceGetClockInfo(h, 1)
             nvml.nvmlDeviceGetTotalEnergyConsumption(h)
             nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
             nvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)
-            nvml.nvmlGpmSampleGet(h, second)
-            request = nvml.c_nvmlGpmMetricsGet_t()
-            request.numMetrics, request.sample1, request.sample2 = 11, first, second
-            for slot, metric in zip(request.metrics, (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61),
-                                    strict=False):
-                slot.metricId = metric
-            nvml.nvmlGpmMetricsGet(request)
-        last_us = int(nvml.now() * 1e6)
+            if take_gpm:
+                first, second = pair
+                nvml.nvmlGpmSampleGet(h, second)
+                request = nvml.c_nvmlGpmMetricsGet_t()
+                request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+                request.numMetrics, request.sample1, request.sample2 = 11, first, second
+                for slot, metric in zip(request.metrics, (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61),
+                                        strict=False):
+                    slot.metricId = metric
+                nvml.nvmlGpmMetricsGet(request)
+                pair.reverse()
+        if take_gpm:
+            gpm_at = time.time()
+        last_us = int(time.time() * 1e6)
     return (time.process_time() - start) / reads
 
 
@@ -206,14 +217,14 @@ def main() -> int:
          f"{prolog / bare:.2f}x bare start ({bare * 1000:.1f} ms)", "<= 3x", prolog / bare <= 3),
         (f"sampler CPU per GPU-sample ({GPUS} GPUs)", f"{per_sample * 1000:.3f} ms",
          f"{per_sample / baseline:.2f}x its bare NVML calls ({baseline * 1000:.3f} ms)",
-         "<= 1 ms", per_sample <= 0.001),
+         "<= 1 ms, <= 1.5x", per_sample <= 0.001 and per_sample / baseline <= 1.5),
         ("sampler RSS", f"{rss_kib / 1024:.1f} MB", f"{samples} GPU-samples", "<= 40 MB",
          rss_kib / 1024 <= 40),
         ("store bytes per job-GPU", f"{db_bytes:.0f} B",
          f"{db_bytes / json_bytes:.2f}x its JSON summary ({json_bytes:.0f} B)", "-", True),
     ]
     for name, value, ratio, target, ok in rows:
-        print(f"{name:36s} {value:>10s}  {ratio:45s} target {target:8s} {'ok' if ok else 'MISSED'}")
+        print(f"{name:36s} {value:>10s}  {ratio:45s} target {target:16s} {'ok' if ok else 'MISSED'}")
     return 0
 
 

@@ -20,6 +20,7 @@ export PATH=/usr/sbin:/sbin:$PATH
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 VENV_BIN=$REPO/.venv/bin
+STANDIN=$REPO/build/nvml/current/libnvidia-ml.so.1  # the GPUs' "driver" (make builds it)
 DIR=$(realpath -m "${GPUEFF_CLUSTER_DIR:-/var/tmp/gpueff-cluster}")
 NODES=${GPUEFF_NODES:-3}
 PORT_BASE=${GPUEFF_PORT_BASE:-16800}
@@ -71,6 +72,12 @@ wait_until() {
 }
 
 node_names() { seq -f 'gpu%g' 1 "$NODES"; }
+# mig1: one H100 in MIG mode, two GPU instances, each a gres of its own named by its
+# capability file (as Slurm's AutoDetect does), in a partition of its own so that no
+# other test's job lands there.
+MIG_NODE=mig1
+MIG_CAP_MAJOR=238 # nvidia-caps' major is dynamic on a real node; any free one will do here
+all_nodes() { node_names; echo "$MIG_NODE"; }
 
 # Pids of processes named NAME that belong to this cluster: their command line
 # or environment names the cluster directory (slurmdbd takes no config option,
@@ -96,6 +103,8 @@ check_settings() {
     die "GPUEFF_PORT_BASE must leave room for ports up to +$((20 + NODES)), not '$PORT_BASE'"
   [ -x "$VENV_BIN/python" ] ||
     die "$VENV_BIN/python is missing: build the venv first (the Makefile does)"
+  [ -r "$STANDIN" ] ||
+    die "$STANDIN is missing: build the stand-in NVML library first (make cluster does)"
 }
 
 # Refuse to adopt (and later delete) a directory that `up` did not make.
@@ -109,7 +118,7 @@ prepare_dir() {
   # One dir per node, writable by all and NOT sticky: a job of bob's must be able to
   # replace (rename over) the state file that a job of alice's left on the same GPU.
   local node
-  for node in $(node_names); do install -d -m 0777 "$DIR/sim/state/$node"; done
+  for node in $(all_nodes); do install -d -m 0777 "$DIR/sim/state/$node"; done
   touch "$MARKER"
 }
 
@@ -220,11 +229,14 @@ ReturnToService=2
 # Nodes claim 4 CPUs on 2-core machines; trust the config, not the hardware.
 SlurmdParameters=config_overrides
 EOF
-    for node in $(node_names); do
+    for node in $(all_nodes); do
       k=$((k + 1))
-      echo "NodeName=$node NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT_BASE + 20 + k)) CPUs=4 RealMemory=4000 Gres=gpu:4 State=UNKNOWN"
+      gres=gpu:4
+      [ "$node" = "$MIG_NODE" ] && gres=gpu:2
+      echo "NodeName=$node NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT_BASE + 20 + k)) CPUs=4 RealMemory=4000 Gres=$gres State=UNKNOWN"
     done
     echo "PartitionName=gpu Nodes=$(node_names | paste -sd,) Default=YES MaxTime=INFINITE State=UP"
+    echo "PartitionName=mig Nodes=$MIG_NODE MaxTime=INFINITE State=UP"
   } | put_file "$ETC/slurm.conf" 0644 read_at_start
 }
 
@@ -235,9 +247,13 @@ ConstrainDevices=yes
 ConstrainCores=no
 ConstrainRAMSpace=no
 EOF
-  node_names | while read -r node; do
-    echo "NodeName=$node Name=gpu File=$DIR/nodes/$node/nvidia[0-3]"
-  done | put_file "$ETC/gres.conf" 0644 read_at_start
+  {
+    node_names | while read -r node; do
+      echo "NodeName=$node Name=gpu File=$DIR/nodes/$node/nvidia[0-3]"
+    done
+    echo "NodeName=$MIG_NODE Name=gpu File=$DIR/nodes/$MIG_NODE/nvidia-caps/nvidia-cap12"
+    echo "NodeName=$MIG_NODE Name=gpu File=$DIR/nodes/$MIG_NODE/nvidia-caps/nvidia-cap21"
+  } | put_file "$ETC/gres.conf" 0644 read_at_start
   # slurmdbd refuses a config readable by others: it holds the DB password.
   put_file "$ETC/slurmdbd.conf" 0600 read_at_start <<EOF
 AuthType=auth/munge
@@ -276,7 +292,8 @@ EOF
 write_gpueff_conf() {
   put_file "$ETC/gpueff.conf" 0644 <<EOF
 [gpu]
-backend = sim
+library = $STANDIN
+mig_minors = $DIR/nodes/%n/mig-minors
 [sim]
 devices = $DIR/sim/devices.json
 state_dir = $DIR/sim/state
@@ -320,6 +337,10 @@ write_devices_json() {
       done
       printf '\n  ]'
     done
+    printf ',\n  "%s": [\n    {"minor": 0, "uuid": "%s", %s, "mig": [' \
+      "$MIG_NODE" "$(gpu_uuid "$MIG_NODE" 0)" "$h100"
+    printf '{"gi_id": 1, "uuid": "%s", "memory_total_gib": 10}, ' "$(gpu_uuid "$MIG_NODE" gi1 | sed s/^GPU-/MIG-/)"
+    printf '{"gi_id": 2, "uuid": "%s", "memory_total_gib": 10}]}\n  ]' "$(gpu_uuid "$MIG_NODE" gi2 | sed s/^GPU-/MIG-/)"
     printf '\n}\n'
   } | put_file "$DIR/sim/devices.json" 0644
 }
@@ -329,7 +350,7 @@ write_devices_json() {
 # AutoDetect can order GPUs by PCI bus rather than by minor: the sampler must bind
 # Slurm's index to the file's minor (slurmd -G), never assume they are equal.
 make_device_nodes() {
-  local node index minor dev
+  local node index minor dev cap
   for node in $(node_names); do
     install -d -m 0755 "$DIR/nodes/$node" "$DIR/slurm/d/$node"
     for index in 0 1 2 3; do
@@ -341,6 +362,15 @@ make_device_nodes() {
       mknod -m 0666 "$dev" c 195 "$minor"
     done
   done
+  # mig1: the capability files of its two GPU instances, and the driver's table that
+  # says which GPU and instance each opens (/proc/driver/nvidia-caps/mig-minors there).
+  install -d -m 0755 "$DIR/nodes/$MIG_NODE/nvidia-caps" "$DIR/slurm/d/$MIG_NODE"
+  for cap in 12 21; do
+    dev=$DIR/nodes/$MIG_NODE/nvidia-caps/nvidia-cap$cap
+    [ -c "$dev" ] || mknod -m 0666 "$dev" c "$MIG_CAP_MAJOR" "$cap"
+  done
+  printf '%s\n' 'config 1' 'monitor 2' 'gpu0/gi1/access 12' 'gpu0/gi1/ci0/access 13' \
+    'gpu0/gi2/access 21' 'gpu0/gi2/ci0/access 22' >"$DIR/nodes/$MIG_NODE/mig-minors"
 }
 
 write_configs() {
@@ -504,7 +534,7 @@ cmd_up() {
   ensure slurmdbd "$LOG/slurmdbd.log" 30 slurmdbd_ok start_slurmdbd slurmdbd
   setup_accounts
   ensure slurmctld "$LOG/slurmctld.log" 30 slurmctld_ok start_slurmctld slurmctld
-  for node in $(node_names); do
+  for node in $(all_nodes); do
     ensure "slurmd $node" "$LOG/slurmd-$node.log" 30 node_ok start_slurmd slurmd "$node"
   done
   say "up in $((SECONDS - start)) s: $NODES node(s) under $DIR; use it with: eval \"\$($0 env)\""

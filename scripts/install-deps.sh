@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the development cluster (scripts/cluster.sh) needs on Debian 12:
-# Slurm 22.05, slurmdbd, munge, MariaDB and python3-venv.
+# Slurm 22.05, slurmdbd, munge, MariaDB, python3-venv, and gcc for the stand-in NVML library.
 # Idempotent and fast: when everything is already there it runs no apt at all,
 # so `make` can call it every time.
 set -euo pipefail
@@ -8,8 +8,8 @@ set -euo pipefail
 # The daemons live in sbin, which a non-login root shell may not have on PATH.
 export PATH=/usr/sbin:/sbin:$PATH
 
-PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv)
-COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe)
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev)
+COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc)
 
 # Print what is missing, one word each; nothing when all is installed.
 missing() {

@@ -1,7 +1,7 @@
 """Site configuration: one INI file (standard library only: the hooks read it).
 
 The file is found through $GPUEFF_CONFIG, else /etc/slurm-gpu-eff/gpueff.conf; a
-missing file means defaults (real NVML, spool and store under /var). Paths may hold
+missing file means defaults (the driver's NVML, spool and store under /var). Paths may hold
 `%n`, replaced by the Slurm node name, so nodes that share a host or a filesystem
 keep apart.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 
 from .errors import ConfigError
 
@@ -26,7 +28,11 @@ class Config:
     def __init__(
         self,
         path: str | None = None,
-        gpu_backend: str = "nvml",  # "nvml" (pynvml) or "sim" (simulated GPUs)
+        # The libnvidia-ml.so.1 pynvml uses: "" for the driver's (found by the loader), or
+        # a path (a driver outside the loader's path; the stand-in library in tests).
+        gpu_library: str = "",
+        # The driver's MIG capability table: Slurm names a MIG slice by its capability file.
+        mig_minors: str = "/proc/driver/nvidia-caps/mig-minors",
         sim_devices: str = "",
         sim_state_dir: str = "",
         sim_time_scale: float = 1.0,  # simulated seconds per wall-clock second
@@ -44,7 +50,8 @@ class Config:
         hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
-        self.gpu_backend = gpu_backend
+        self.gpu_library = gpu_library
+        self.mig_minors = mig_minors
         self.sim_devices = sim_devices
         self.sim_state_dir = sim_state_dir
         self.sim_time_scale = sim_time_scale
@@ -68,6 +75,9 @@ class Config:
     def log_for(self, node: str) -> str:
         return expand(self.log_file, node)
 
+    def mig_minors_for(self, node: str) -> str:
+        return expand(self.mig_minors, node)
+
 
 def expand(template: str, node: str) -> str:
     return template.replace("%n", node or "unknown")
@@ -75,7 +85,8 @@ def expand(template: str, node: str) -> str:
 
 # (section, key, Config field, type)
 _KEYS = [
-    ("gpu", "backend", "gpu_backend", str),
+    ("gpu", "library", "gpu_library", str),
+    ("gpu", "mig_minors", "mig_minors", str),
     ("sim", "devices", "sim_devices", str),
     ("sim", "state_dir", "sim_state_dir", str),
     ("sim", "time_scale", "sim_time_scale", float),
@@ -134,11 +145,23 @@ def load_config(path: str | None = None) -> Config:
         raise ConfigError(f"{path}: [hooks] timeout_s must be at most 18 (the shims stop a hook at 20)")
     if not config.stop_wait_s < config.hook_timeout_s:
         raise ConfigError(f"{path}: [sampler] stop_wait_s must be under [hooks] timeout_s")
-    if config.gpu_backend not in ("nvml", "sim"):
-        raise ConfigError(f"{path}: [gpu] backend must be 'nvml' or 'sim'")
-    if config.gpu_backend == "sim" and not (config.sim_devices and config.sim_state_dir):
-        raise ConfigError(f"{path}: [gpu] backend = sim needs [sim] devices and state_dir")
+    if config.sim_time_scale != 1 and not config.sim_devices:
+        raise ConfigError(f"{path}: [sim] time_scale needs [sim] devices (its clock starts there)")
     return config
+
+
+def driver_clock(config: Config) -> Callable[[], float]:
+    """The clock NVML's figures are in: the wall clock, or under `[sim] time_scale` the
+    simulated GPUs' faster one, which starts at the simulated driver's load (the devices
+    file's mtime), as the stand-in library's does."""
+    scale = config.sim_time_scale
+    if scale == 1:
+        return time.time
+    try:
+        boot = os.stat(config.sim_devices).st_mtime_ns / 1e9
+    except OSError as exc:
+        raise ConfigError(f"cannot read the simulated devices {config.sim_devices}: {exc.strerror}") from exc
+    return lambda: boot + (time.time() - boot) * scale
 
 
 def parse_ini(text: str, path: str) -> dict[tuple[str, str], str]:

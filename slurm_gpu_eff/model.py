@@ -98,6 +98,9 @@ class NodeSummary:
     sampled_until: float | None = None
     ended_at: float | None = None  # epilog time
     gpus: list[GpuSummary] = field(default_factory=list)
+    # Whether the GPUs measured are the job's own: {"status": "verified" | "unverified" |
+    # "mismatch", "evidence": [...]} (node/verify.py); None from samplers before the check.
+    binding: dict[str, Any] | None = None
     version: int = SUMMARY_VERSION
 
     @property

@@ -13,13 +13,19 @@ import subprocess
 
 from ..hostlist import expand_hostlist
 
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 
-def gres_gpu_minors(node: str, slurmd: str = "slurmd") -> dict[int, int]:
+
+def gres_gpu_minors(
+    node: str, slurmd: str = "slurmd", mig_minors: str = MIG_MINORS,
+) -> dict[int, int | tuple[int, int]]:
     """Slurm's numbering of a node's GPUs (the indexes in SLURM_JOB_GPUS) -> device minor
     numbers, from `slurmd -G` (gres.conf as slurmd reads it, AutoDetect included) and the
     device files themselves. Slurm's order need not be the minors' (with AutoDetect it can
-    follow PCI order): binding by this map is right either way. {} when it cannot be had,
-    and an index it does not map (a MIG capability file) is left out."""
+    follow PCI order): binding by this map is right either way. A position whose files hold
+    a MIG capability (/dev/nvidia-caps/nvidia-capN) maps to (GPU minor, GPU instance id)
+    through the driver's `mig_minors` table. {} when slurmd cannot answer; a position it
+    cannot map is left out (and the binding refuses it, rather than guess)."""
     if "/" not in slurmd:  # a prolog's PATH often lacks the sbin directories
         search = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin"
         slurmd = shutil.which(slurmd, path=search) or slurmd
@@ -27,17 +33,56 @@ def gres_gpu_minors(node: str, slurmd: str = "slurmd") -> dict[int, int]:
         done = subprocess.run([slurmd, "-G", "-N", node], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return {}
-    minors: dict[int, int] = {}
-    # slurmd prints the list through its logger, to stderr on 22.05
+    minors: dict[int, int | tuple[int, int]] = {}
+    table: dict[int, tuple[int, int]] | None = None
+    # slurmd prints the list through its logger, to stderr on 22.05, in Slurm's own order:
+    # a job's SLURM_JOB_GPUS counts positions in it. (Its "Index=" is the device file's
+    # number: nvidia-cap21 prints Index=21, yet the job on it gets SLURM_JOB_GPUS=1.)
+    position = 0
     for line in (done.stdout + done.stderr).decode("utf-8", "replace").splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if fields.get("Name") != "gpu" or not fields.get("Index", "").isdigit() or "File" not in fields:
+        if fields.get("Name") != "gpu" or "File" not in fields:
             continue
-        for offset, path in enumerate(expand_hostlist(fields["File"])):
-            try:
-                info = os.stat(path)
-            except OSError:
-                continue
-            if stat.S_ISCHR(info.st_mode) and "nvidia-caps" not in path:
-                minors[int(fields["Index"]) + offset] = os.minor(info.st_rdev)
+        files = expand_hostlist(fields["File"])
+        caps = [path for path in files if "nvidia-caps" in path]
+        if caps:  # one MIG slice: its parent's file and its capabilities, one position
+            table = mig_table(mig_minors) if table is None else table
+            slot = next((table[m] for m in map(_char_minor, caps) if m in table), None)
+            if slot is not None:
+                minors[position] = slot
+            position += 1
+            continue
+        for path in files:
+            minor = _char_minor(path)
+            if minor is not None:
+                minors[position] = minor
+            position += 1
     return minors
+
+
+def _char_minor(path: str) -> int | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return os.minor(info.st_rdev) if stat.S_ISCHR(info.st_mode) else None
+
+
+def mig_table(path: str = MIG_MINORS) -> dict[int, tuple[int, int]]:
+    """The driver's MIG capability minors: `gpu0/gi3/access 30` (and its compute
+    instances' `gpu0/gi3/ci0/access 31`) -> {30: (0, 3), 31: (0, 3)}: which GPU (by minor)
+    and GPU instance a capability file opens. {} when the driver has no such table."""
+    table: dict[int, tuple[int, int]] = {}
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return table
+    for line in lines:
+        name, _, number = line.partition(" ")
+        parts = name.split("/")
+        if (len(parts) >= 3 and parts[0].startswith("gpu") and parts[1].startswith("gi")
+                and parts[-1] == "access" and number.strip().isdigit()
+                and parts[0][3:].isdigit() and parts[1][2:].isdigit()):
+            table[int(number)] = (int(parts[0][3:]), int(parts[1][2:]))
+    return table

@@ -1,13 +1,15 @@
-"""GPU access: the one module that knows pynvml (or the simulated NVML in its place).
+"""GPU access: the one module that knows pynvml.
 
-Everything NVML-specific stops here: binding Slurm's node-level GPU indexes to NVML
-devices by minor number (never by NVML index or CUDA_VISIBLE_DEVICES), turning "not
-supported" into None (not measured, never zero), and GPU_IS_LOST into GpuLost.
+Everything NVML-specific stops here: loading the library (the driver's, or the one
+`[gpu] library` names), binding Slurm's node-level GPU indexes to NVML devices by minor
+number (never by NVML index or CUDA_VISIBLE_DEVICES), turning "not supported" into None
+(not measured, never zero), and GPU_IS_LOST into GpuLost. The code is the same on a site
+and in the tests: there, a stand-in libnvidia-ml.so.1 sits below the same pynvml.
 """
 
 from __future__ import annotations
 
-import importlib
+import ctypes
 import math
 import time
 from collections.abc import Callable
@@ -15,21 +17,33 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ..config import Config
+from ..config import Config, driver_clock
 from ..errors import BindingError, GpuAccessError, GpuLost
 
 
-def load_nvml(config: Config, node: str) -> ModuleType:
-    """The NVML module the config asks for: real pynvml, or the simulation for `node`."""
-    if config.gpu_backend == "sim":
-        from ..sim import nvml as simulated
-
-        simulated.configure(config.sim_devices, config.sim_state_dir, node, config.sim_time_scale)
-        return simulated
+def load_nvml(config: Config) -> ModuleType:
+    """pynvml, over the driver's libnvidia-ml.so.1 or the library the config names."""
     try:
-        return importlib.import_module("pynvml")
+        import pynvml
     except ImportError as exc:
         raise GpuAccessError("pynvml is not installed (pip install nvidia-ml-py)") from exc
+    if config.gpu_library:
+        _use_library(pynvml, config.gpu_library)
+    return pynvml
+
+
+def _use_library(pynvml: ModuleType, path: str) -> None:
+    """Make pynvml use the library at `path` (it loads "libnvidia-ml.so.1" by name
+    otherwise, and skips loading when nvmlLib is already set)."""
+    with pynvml.libLoadLock:
+        loaded = pynvml.nvmlLib
+        if loaded is not None and getattr(loaded, "_name", None) == path:
+            return
+        try:
+            pynvml.nvmlLib = ctypes.CDLL(path)  # type: ignore[attr-defined]
+        except OSError as exc:
+            raise GpuAccessError(f"cannot load the NVML library {path}: {exc}") from exc
+        pynvml._nvmlGetFunctionPointer_cache.clear()  # pointers into the library it replaced
 
 
 # GPM metric ids (nvml.h) -> our names; PCIe/NVLink in MiB/s, the rest in percent.
@@ -44,7 +58,8 @@ THROTTLE_REASONS = {
     "power_brake": 0x80,
 }
 GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES = 1, 2
-GPM_MIN_INTERVAL_S = 0.1
+GPM_MIN_INTERVAL_S = 0.1  # NVML wants two GPM samples MORE than 100 ms apart
+NVML_SUCCESS = 0
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 
@@ -68,7 +83,9 @@ class Reading:
     throttle_mask: int | None = None
     ecc_uncorrected: int | None = None
     pids: list[tuple[int, int]] | None = None  # (pid, GPU memory bytes) of its processes
-    process_sm: dict[int, float] | None = None  # pid -> SM utilisation, when asked for
+    # pid -> SM utilisation of the driver's last sample period (about 1/6 s) before this
+    # poll, for the processes busy in it: a sample per poll, not a mean since the last one.
+    process_sm: dict[int, float] | None = None
 
     @property
     def processes(self) -> int | None:
@@ -99,14 +116,15 @@ class Gpu:
         self.unsupported: set[str] = set()
         self.errors: list[str] = []
         self.name = self._call("nvmlDeviceGetName")
-        memory = self._call("nvmlDeviceGetMemoryInfo")
+        memory = self._memory()
         self.memory_total_bytes = None if memory is None else int(memory.total)
         limit = self._call("nvmlDeviceGetEnforcedPowerLimit")
         self.power_limit_w = None if limit is None else limit / 1000.0
         if self.name is not None:
             self.name = _text(self.name)
         self.bound_at = self.clock()
-        self.process_since_us = int(self.bound_at * 1e6)
+        # The driver's own timestamps, passed back as NVML asks: 0 takes what it has.
+        self.process_since_us = 0
         # None until the first call, which takes the driver's buffer as its baseline.
         self.last_sample_us: dict[int, int | None] = {
             GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
@@ -118,10 +136,11 @@ class Gpu:
     def is_mig(self) -> bool:
         return self.parent is not None
 
-    def _call(self, function: str, *args: Any, handle: Any = None) -> Any:
-        """Call an NVML function; None when this GPU does not support it."""
+    def _call(self, function: str, *args: Any, handle: Any = None, key: str = "") -> Any:
+        """Call an NVML function; None when this GPU does not support it (remembered under
+        `key`, by default the function's name)."""
         try:
-            return self._call_raw(function, *args, handle=handle)
+            return self._call_raw(function, *args, handle=handle, key=key)
         except GpuLost:
             raise
         except Exception as exc:
@@ -132,19 +151,31 @@ class Gpu:
                 self.errors.append(f"{function}: {exc}")
             return None
 
-    def _call_raw(self, function: str, *args: Any, handle: Any = None) -> Any:
+    def _call_raw(self, function: str, *args: Any, handle: Any = None, key: str = "") -> Any:
         """Call an NVML function: None when unsupported (remembered), GpuLost when the GPU
         is gone, other NVML errors raised."""
-        if function in self.unsupported:
+        key = key or function
+        if key in self.unsupported:
             return None
         nvml = self.nvml
         try:
             return getattr(nvml, function)(self.handle if handle is None else handle, *args)
         except nvml.NVMLError_GpuIsLost as exc:
             raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError):
-            self.unsupported.add(function)
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError,
+                nvml.NVMLError_ArgumentVersionMismatch, nvml.NVMLLibraryMismatchError):
+            # Mismatches: the driver lacks the versioned symbol or struct pynvml asks for (a
+            # _v3, say); it will lack it on the next poll too, so ask no more.
+            self.unsupported.add(key)
             return None
+
+    def _memory(self) -> Any:
+        """Memory with the driver's reserved part apart (v2); v1's `used` counts it, so an
+        idle GPU would look used. v1 only where the driver has no v2."""
+        memory = self._call("nvmlDeviceGetMemoryInfo", self.nvml.nvmlMemory_v2, key="memory_v2")
+        if memory is None and "memory_v2" in self.unsupported:
+            memory = self._call("nvmlDeviceGetMemoryInfo")
+        return memory
 
     def _gpm_start(self) -> Any:
         """Two GPM sample buffers, the first one taken; None where GPM is not there."""
@@ -152,12 +183,22 @@ class Gpu:
         support = self._call("nvmlGpmQueryDeviceSupport", handle=whole)
         if support is None or not support.isSupportedDevice:
             return None
+        samples: list[Any] = []
         try:
-            samples = [self.nvml.nvmlGpmSampleAlloc(), self.nvml.nvmlGpmSampleAlloc()]
+            samples.append(self.nvml.nvmlGpmSampleAlloc())
+            samples.append(self.nvml.nvmlGpmSampleAlloc())
             self._gpm_take(samples[0])
         except self.nvml.NVMLError:
+            self._gpm_free(samples)  # a GPM that cannot sample must not keep its buffers
             return None
         return samples
+
+    def _gpm_free(self, samples: list[Any]) -> None:
+        for sample in samples:
+            try:
+                self.nvml.nvmlGpmSampleFree(sample)
+            except self.nvml.NVMLError:
+                pass
 
     def _gpm_take(self, sample: Any) -> None:
         if self.is_mig:
@@ -169,8 +210,8 @@ class Gpu:
         if self.gpm is None:
             return None
         now = self.clock()
-        if now - self.gpm_taken_at < GPM_MIN_INTERVAL_S:
-            return {}  # NVML wants two GPM samples at least 100 ms apart: next poll
+        if now - self.gpm_taken_at <= GPM_MIN_INTERVAL_S:
+            return {}  # too close to the last GPM sample for NVML: next poll
         self.gpm_taken_at = now
         nvml = self.nvml
         first, second = self.gpm
@@ -201,33 +242,37 @@ class Gpu:
         if self.is_mig or "nvmlDeviceGetSamples" in self.unsupported:
             return None
         last = self.last_sample_us[kind]
+        nvml = self.nvml
         try:
-            _, samples = self.nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
-        except self.nvml.NVMLError_NotFound:
+            _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
+        except nvml.NVMLError_NotFound:
             return []  # nothing newer yet
-        except self.nvml.NVMLError_GpuIsLost as exc:
+        except nvml.NVMLError_GpuIsLost as exc:
             raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
-        except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_FunctionNotFound):
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
             self.unsupported.add("nvmlDeviceGetSamples")
             return None
-        except self.nvml.NVMLError:
+        except nvml.NVMLError as exc:
+            if exc.value != NVML_SUCCESS and len(self.errors) < 20:  # SUCCESS: none new
+                self.errors.append(f"nvmlDeviceGetSamples: {exc}")
             return []
+        # The header promises no order: sort by the driver's timestamp.
+        found = sorted((int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples)
         if last is None:
-            last = self._baseline([int(s.timeStamp) for s in samples])
-        stamps = [int(s.timeStamp) for s in samples if int(s.timeStamp) > last]
-        if not stamps:
+            last = self._baseline([stamp for stamp, _ in found])
+        found = [(stamp, value) for stamp, value in found if stamp > last]
+        if not found:
             self.last_sample_us[kind] = last
             return []
-        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-        period = min(gaps) if gaps else stamps[0] - last
+        period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)],
+                         found[0][0] - last)
         out = []
-        for sample in samples:
-            stamp = int(sample.timeStamp)
-            if stamp <= last:
-                continue
-            # A window never counts for more than one driver period: samples the buffer
-            # dropped between two polls stay unmeasured, not stretched over.
-            out.append((float(sample.sampleValue.uiVal), min(stamp - last, period) / 1e6))
+        for stamp, value in found:
+            # A sample stands for the time since the one before: its window, give or take
+            # the driver's jitter. A longer gap means the buffer dropped samples between
+            # two polls: that time stays unmeasured, not stretched over.
+            gap = stamp - last
+            out.append((value, (gap if gap <= 1.5 * period else period) / 1e6))
             last = stamp
         self.last_sample_us[kind] = last
         return out
@@ -242,14 +287,16 @@ class Gpu:
         return newest
 
     def _process_sm(self) -> dict[int, float] | None:
-        """SM utilisation per process since the last call (to split a shared GPU by job)."""
-        since, self.process_since_us = self.process_since_us, int(self.clock() * 1e6)
-        found = self._call_quiet("nvmlDeviceGetProcessUtilization", since)
+        """SM utilisation per process in the driver's last sample period (NVML reports
+        one sample per process that was busy then), to split a shared GPU by job."""
+        found = self._call_quiet("nvmlDeviceGetProcessUtilization", self.process_since_us)
         if found is None:
             return None
         per_pid: dict[int, list[float]] = {}
         for sample in found:
-            per_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+            self.process_since_us = max(self.process_since_us, int(sample.timeStamp))
+            if 0 <= sample.smUtil <= 100:  # drivers are seen reporting more than 100%: noise
+                per_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
         return {pid: sum(v) / len(v) for pid, v in per_pid.items()}
 
     def _call_quiet(self, function: str, *args: Any) -> Any:
@@ -258,13 +305,14 @@ class Gpu:
             return self._call_raw(function, *args)
         except self.nvml.NVMLError_NotFound:
             return []
-        except self.nvml.NVMLError:
-            return None
+        except self.nvml.NVMLError as exc:
+            # pynvml raises NVMLError(SUCCESS) when the driver has no sample to give
+            return [] if exc.value == NVML_SUCCESS else None
 
     def read(self, per_process: bool = False) -> Reading:
         """One poll; `per_process` also reads each process's SM utilisation (a shared GPU)."""
         now = self.clock()
-        memory = self._call("nvmlDeviceGetMemoryInfo")
+        memory = self._memory()
         processes = self._call("nvmlDeviceGetComputeRunningProcesses")
         pids = None if processes is None else [(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes]
         if self.is_mig:  # NVML has no utilisation, power or clocks for a MIG instance
@@ -279,7 +327,7 @@ class Gpu:
         # the rate stands for this poll, rather than a silent gap.
         rates = self._call("nvmlDeviceGetUtilizationRates") if not util_samples else None
         power = self._call("nvmlDeviceGetPowerUsage")
-        temp = self._call("nvmlDeviceGetTemperature", 0)  # NVML_TEMPERATURE_GPU
+        temp = self._temperature()
         clock = self._call("nvmlDeviceGetClockInfo", 1)  # NVML_CLOCK_SM
         return Reading(
             time=now,
@@ -299,6 +347,12 @@ class Gpu:
             process_sm=self._process_sm() if per_process else None,
         )
 
+    def _temperature(self) -> Any:
+        temp = self._call("nvmlDeviceGetTemperatureV", self.nvml.NVML_TEMPERATURE_GPU)
+        if temp is None and "nvmlDeviceGetTemperatureV" in self.unsupported:
+            temp = self._call("nvmlDeviceGetTemperature", 0)  # deprecated in NVML 13, gone in 14
+        return temp
+
     def _throttle_mask(self) -> int | None:
         mask = self._call("nvmlDeviceGetCurrentClocksEventReasons")
         if mask is None and "nvmlDeviceGetCurrentClocksEventReasons" in self.unsupported:
@@ -306,12 +360,17 @@ class Gpu:
         return mask
 
     def close(self) -> None:
-        for sample in self.gpm or []:
-            try:
-                self.nvml.nvmlGpmSampleFree(sample)
-            except self.nvml.NVMLError:
-                pass
+        self._gpm_free(self.gpm or [])
         self.gpm = None
+
+
+def _period(gaps: list[int], first_gap: int) -> float:
+    """The driver's sample period: the median gap between its timestamps. Not the
+    smallest: one short, jittered gap would cap every sample's weight."""
+    if not gaps:
+        return float(first_gap)
+    gaps = sorted(gaps)
+    return float(gaps[len(gaps) // 2])
 
 
 def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -> float | None:
@@ -325,21 +384,24 @@ def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -
 class GpuSession:
     """NVML, opened for the lifetime of one job's sampler, closed at its end."""
 
-    def __init__(self, config: Config, node: str) -> None:
-        self.nvml = load_nvml(config, node)
-        self.time_scale = config.sim_time_scale if config.gpu_backend == "sim" else 1.0
-        self.clock: Callable[[], float] = getattr(self.nvml, "now", time.time)
+    def __init__(self, config: Config) -> None:
+        self.nvml = load_nvml(config)
+        self.time_scale = config.sim_time_scale
+        self.clock: Callable[[], float] = driver_clock(config)
         self.gpus: list[Gpu] = []
+        self.others: list[tuple[int, str, Any]] = []  # the node's GPUs not bound: (minor, uuid, handle)
         self.events: Any = None
         try:
             self.nvml.nvmlInit()
         except self.nvml.NVMLError as exc:
             raise GpuAccessError(f"NVML cannot start: {exc}") from exc
 
-    def bind(self, wanted: list[int | str], minors: dict[int, int] | None = None) -> list[Gpu]:
+    def bind(
+        self, wanted: list[int | str], minors: dict[int, int | tuple[int, int]] | None = None,
+    ) -> list[Gpu]:
         """Resolve Slurm's node-level indexes or GPU/MIG UUIDs to devices. An index is a
-        device minor through `minors` (Slurm's own map), else itself (gres.conf listing
-        /dev/nvidia[0-N] in order)."""
+        device minor through `minors` (Slurm's own map; a (GPU minor, GPU instance) pair for
+        a MIG slice), else itself (gres.conf listing /dev/nvidia[0-N] in order)."""
         minors = minors or {}
         nvml = self.nvml
         by_minor: dict[int, tuple[Any, str]] = {}
@@ -348,6 +410,12 @@ class GpuSession:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as exc:
             raise GpuAccessError(f"NVML cannot list GPUs: {exc}") from exc
+        for item in wanted:
+            if isinstance(item, int) and minors and item not in minors:
+                raise BindingError(f"Slurm's GPU index {item} is not in slurmd's GPU list "
+                                   f"({len(minors)} GPU(s) mapped): which device it is cannot be told")
+        targets = [minors.get(w, w) if isinstance(w, int) else w for w in wanted]
+        mig_wanted = any(isinstance(t, tuple) or str(t).startswith("MIG-") for t in targets)
         for i in range(count):
             try:  # one broken GPU of the node must not stop the job's GPUs being found
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -357,26 +425,40 @@ class GpuSession:
                 continue
             by_minor[minor] = (handle, uuid)
             by_uuid[uuid] = (handle, minor, None, None)
-            if any(isinstance(w, str) and w.startswith("MIG-") for w in wanted):
+            if mig_wanted:
                 by_uuid.update(self._mig_instances(handle, minor))
-        gpus = []
-        for item in wanted:
-            if isinstance(item, int):
-                minor = minors.get(item, item)
-                if minor not in by_minor:
-                    raise BindingError(f"no GPU with minor number {minor} (Slurm index {item}) here")
-                handle, uuid = by_minor[minor]
-                gpus.append(Gpu(nvml, handle, item, minor, uuid, self.clock))
-            else:
-                if item not in by_uuid:
-                    raise BindingError(f"no GPU or MIG instance with UUID {item} on this node")
-                handle, minor, parent, gi_id = by_uuid[item]
-                gpu = Gpu(nvml, handle, minor, minor, item, self.clock, parent, gi_id)
-                gpu.parent_uuid = by_minor[minor][1] if parent is not None else None
-                gpus.append(gpu)
+        gpus = [self._bind_one(item, target, by_minor, by_uuid)
+                for item, target in zip(wanted, targets, strict=True)]
+        bound = {g.parent_uuid or g.uuid for g in gpus}
+        self.others = [(m, u, h) for m, (h, u) in sorted(by_minor.items()) if u not in bound]
         self.gpus = gpus
         self.events = self._watch_xid(gpus)
         return gpus
+
+    def _bind_one(
+        self, item: int | str, target: int | str | tuple[int, int],
+        by_minor: dict[int, tuple[Any, str]], by_uuid: dict[str, tuple[Any, int, Any, int | None]],
+    ) -> Gpu:
+        if isinstance(target, tuple):  # a MIG slice named by Slurm's index
+            parent_minor, instance = target
+            found = [u for u, (_, m, parent, gi) in by_uuid.items()
+                     if parent is not None and m == parent_minor and gi == instance]
+            if not found:
+                raise BindingError(f"no MIG instance {instance} on the GPU with minor number "
+                                   f"{parent_minor} (Slurm index {item}) here")
+            target = found[0]
+        if isinstance(target, int):
+            if target not in by_minor:
+                raise BindingError(f"no GPU with minor number {target} (Slurm index {item}) here")
+            handle, uuid = by_minor[target]
+            return Gpu(self.nvml, handle, int(item), target, uuid, self.clock)
+        if target not in by_uuid:
+            raise BindingError(f"no GPU or MIG instance with UUID {target} on this node")
+        handle, minor, parent, gi_id = by_uuid[target]
+        index = item if isinstance(item, int) else minor
+        gpu = Gpu(self.nvml, handle, index, minor, target, self.clock, parent, gi_id)
+        gpu.parent_uuid = by_minor[minor][1] if parent is not None else None
+        return gpu
 
     def _mig_instances(self, handle: Any, minor: int) -> dict[str, tuple[Any, int, Any, int | None]]:
         nvml = self.nvml
@@ -402,12 +484,28 @@ class GpuSession:
             events = nvml.nvmlEventSetCreate()
         except (nvml.NVMLError, AttributeError):
             return None
+        registered: list[str] = []
         for gpu in gpus:
+            board = gpu.parent_uuid or gpu.uuid  # XIDs are the board's: register it once,
+            if board in registered:             # however many of its MIG slices the job has
+                continue
             try:  # a GPU that cannot report events does not silence the others
                 nvml.nvmlDeviceRegisterEvents(gpu.parent or gpu.handle, XID_EVENT, events)
+                registered.append(board)
             except nvml.NVMLError as exc:
                 gpu.errors.append(f"XID events not available: {exc}")
         return events
+
+    def other_processes(self) -> list[tuple[int, list[int]]]:
+        """The compute processes on the node's GPUs that are not bound: (minor, pids)."""
+        found = []
+        for minor, _, handle in self.others:
+            try:
+                processes = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except Exception:  # NVMLError or a library mismatch: that GPU says nothing
+                continue
+            found.append((minor, [int(p.pid) for p in processes]))
+        return found
 
     def xid_events(self) -> list[tuple[str, int, int]]:
         """(GPU UUID, XID code, GPU instance id) of every event since the last call; never

@@ -28,6 +28,9 @@ from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
 from .log import HookLog
 from .spool import SUMMARY, Spool, write_json
 from .stats import Histogram, Stat, Timeline
+from .verify import BindingCheck
+
+VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and the cgroup
 
 
 class GpuStats:
@@ -206,6 +209,8 @@ class Sampler:
         self, job: JobContext, config: Config, gpus: list[Gpu],
         clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
         xid_events: Callable[[], list[tuple[str, int, int]]] = list, time_scale: float = 1.0,
+        other_processes: Callable[[], list[tuple[int, list[int]]]] = list,
+        cgroup_root: str = "/sys/fs/cgroup",
     ) -> None:
         self.job = job
         self.config = config
@@ -213,6 +218,10 @@ class Sampler:
         self.clock = clock
         self.monotonic = monotonic
         self.xid_events = xid_events
+        self.other_processes = other_processes  # the node's unbound GPUs: (minor, pids)
+        self.binding = BindingCheck(job.job_id, job.node, [g.minor for g in gpus if not g.is_mig],
+                                    cgroup_root)
+        self._next_verify = 0.0  # monotonic time of the next look beyond the bound GPUs
         self.wait_s = config.interval_s / time_scale
         self.started_at = clock()
         self.sampled_from: float | None = None
@@ -229,13 +238,28 @@ class Sampler:
             if stats.lost_at is not None:
                 continue
             try:
-                stats.add(stats.gpu.read(per_process=stats.shared), seconds)
+                reading = stats.gpu.read(per_process=stats.shared)
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
+                continue
+            stats.add(reading, seconds)
+            if reading.pids:
+                owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
+                self.binding.processes(stats.gpu.minor, owners, bound=True)
         self._record_xids(now)
+        self._verify()
         self.sampled_from = self.sampled_from or now
         self.sampled_until = now
+
+    def _verify(self) -> None:
+        """Now and then, the job's processes on the node's other GPUs, and its cgroup."""
+        if self.monotonic() < self._next_verify:
+            return
+        self._next_verify = self.monotonic() + VERIFY_EVERY_S
+        for minor, pids in self.other_processes():
+            self.binding.processes(minor, {pid: job_of_pid(pid) for pid in pids}, bound=False)
+        self.binding.cgroup()
 
     def _record_xids(self, now: float) -> None:
         for uuid, code, gi_id in self.xid_events():
@@ -250,7 +274,7 @@ class Sampler:
         return self.job.summary(
             status, reason, interval_s=self.config.interval_s, started_at=self.started_at,
             sampled_from=self.sampled_from, sampled_until=self.sampled_until,
-            gpus=[s.summary(self.job.node) for s in self.gpus],
+            gpus=[s.summary(self.job.node) for s in self.gpus], binding=self.binding.result(),
         )
 
 
@@ -416,12 +440,13 @@ def run(job_dir: str, config: Config) -> None:
     session = None
     sampler: Sampler | None = None
     try:
-        session = GpuSession(config, job.node)
-        gpus = session.bind(parse_job_gpus(job.job_gpus), gres_gpu_minors(job.node, config.slurmd))
+        session = GpuSession(config)
+        minors = gres_gpu_minors(job.node, config.slurmd, config.mig_minors_for(job.node))
+        gpus = session.bind(parse_job_gpus(job.job_gpus), minors)
         log.write(f"sampling {len(gpus)} GPU(s): Slurm indexes {[g.index for g in gpus]} "
                   f"= minors {[g.minor for g in gpus]}")
-        sampler = Sampler(job, config, gpus, clock=session.clock,
-                          xid_events=session.xid_events, time_scale=session.time_scale)
+        sampler = Sampler(job, config, gpus, clock=session.clock, xid_events=session.xid_events,
+                          time_scale=session.time_scale, other_processes=session.other_processes)
         loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
         log.write("stopped cleanly")
     except GpuEffError as exc:

@@ -67,8 +67,14 @@ def build_report(
                    f"this job's own processes kept it {own:.1f}% busy (the whole GPU: "
                    f"{g.metric('util') or 0:.1f}%); power and energy are the whole GPU's")
             )
+    binding = {s.node: s.binding for s in summaries if s.binding}
+    for node, check in binding.items():
+        if check.get("status") == "mismatch":
+            notes.append(f"{node}: the GPUs measured may not be the job's own: "
+                         + "; ".join(check.get("evidence", [])[:3]))
     until = max((s.sampled_until for s in summaries if s.sampled_until), default=None)
-    report = JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until)
+    report = JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until,
+                       binding=binding)
     report.hints = evaluate(report, settings)
     report.verdict = verdict(report, report.hints)
     return report

@@ -118,6 +118,19 @@ class JobReport:
     sampled_until: float | None = None
     hints: list[Hint] = field(default_factory=list)
     verdict: str = ""
+    # node -> {"status", "evidence"}: whether the GPUs measured were the job's own
+    binding: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def binding_status(self) -> str:
+        """The worst node's: mismatch, then unverified (or not checked), then verified."""
+        found = {b.get("status") for b in self.binding.values()}
+        if "mismatch" in found:
+            return "mismatch"
+        nodes = {g.node for g in self.gpus}
+        if found == {"verified"} and nodes <= set(self.binding):
+            return "verified"
+        return "unverified"
 
     @property
     def gpu_hours_allocated(self) -> float:
@@ -161,6 +174,7 @@ class JobReport:
             "gpu_energy_j": self.energy_j, "idle_gpus": len(self.idle_gpus),
             "sampled_until": self.sampled_until, "missing_nodes": self.missing_nodes,
             "notes": self.notes, "verdict": self.verdict,
+            "binding": {"status": self.binding_status, "nodes": self.binding},
             "hints": [h.to_dict() for h in self.hints],
             "hardware_faults": [f"{g.node} GPU {g.minor}: {f}" for g in self.gpus
                                 for f in g.hardware_faults],

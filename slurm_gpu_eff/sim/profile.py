@@ -139,6 +139,23 @@ class Profile:
                 total += signal.integral(lo - phase.start_s, hi - phase.start_s)
         return total + idle * ((t1 - t0) - covered)
 
+    def resolve(self, position: int) -> list[dict[str, Any]]:
+        """The phases as the job's GPU number `position` plays them, for the stand-in NVML
+        library: its own levels ([low, high, period_s, duty]) and events, "*" applied."""
+        phases = []
+        for phase in self.phases:
+            levels = {}
+            for metric in METRICS:
+                signal = phase.signal(position, metric)
+                if signal is not None:
+                    levels[metric] = [signal.low, signal.high, signal.period_s, signal.duty]
+            events = {name: phase.event(position, name) for name in EVENT_FIELDS}
+            phases.append({
+                "start_s": phase.start_s, "seconds": phase.seconds, "levels": levels,
+                **{name: value for name, value in events.items() if value is not None},
+            })
+        return phases
+
     def mean(self, position: int, metric: str, t0: float, t1: float, idle: float) -> float:
         if t1 <= t0:
             return self.value_at(position, metric, t0, idle)

@@ -2,8 +2,11 @@
 
 It runs inside the job, so it sees exactly what a CUDA program would: SLURM_JOB_GPUS
 (node-level indexes, which our gres.conf maps to device minors) and SLURMD_NODENAME.
-It publishes the profile and its start time for each of those GPUs, waits out the
-profile's duration, and marks the end. The simulated NVML does the rest.
+It publishes, for each of those GPUs, what the GPU does (the profile's phases as that GPU
+plays them) and when it started, waits out the profile's duration, and marks the end.
+The stand-in libnvidia-ml.so.1 (sim/standin/) reads these files and answers NVML's
+calls the way a driver measures: this module says what happens, the library how it is
+seen.
 """
 
 from __future__ import annotations
@@ -15,11 +18,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..config import Config
+from ..config import Config, driver_clock
 from ..errors import GpuEffError
 from ..node.binding import gres_gpu_minors
 from ..node.jobenv import parse_job_gpus
-from . import nvml as sim
 from .profile import Profile, ProfileError, parse_profile
 
 
@@ -34,18 +36,66 @@ def load_profile(path: str) -> Profile:
     return parse_profile(data)
 
 
-def job_minors(env: Mapping[str, str], minors: dict[int, int] | None = None) -> list[int | str]:
-    """The job's GPUs: device minors (Slurm's indexes mapped, as the sampler does), or MIG
-    instance UUIDs."""
+def job_minors(
+    env: Mapping[str, str], minors: dict[int, int | tuple[int, int]] | None = None,
+    devices: dict[int, dict[str, Any]] | None = None,
+) -> list[int | str]:
+    """The job's GPUs as the workload publishes them: device minors (Slurm's indexes mapped,
+    as the sampler does), or MIG instance UUIDs (named by Slurm, or found in the devices
+    file for a (GPU minor, GPU instance) that Slurm's index maps to)."""
     gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
     if not gpus:
         raise GpuEffError("this job has no GPUs (SLURM_JOB_GPUS is empty): request --gres=gpu:N")
     minors = minors or {}
-    return [minors.get(g, g) if isinstance(g, int) else g for g in gpus]
+    found: list[int | str] = []
+    for gpu in gpus:
+        if isinstance(gpu, int) and minors and gpu not in minors:
+            raise GpuEffError(f"Slurm's GPU index {gpu} is not in slurmd's GPU list")
+        target = minors.get(gpu, gpu) if isinstance(gpu, int) else gpu
+        if isinstance(target, tuple):
+            target = _mig_uuid(devices or {}, *target)
+        found.append(target)
+    return found
+
+
+def _mig_uuid(devices: dict[int, dict[str, Any]], minor: int, gi_id: int) -> str:
+    for mig in devices.get(minor, {}).get("mig", []):
+        if int(mig.get("gi_id", 1)) == gi_id:
+            return str(mig["uuid"])
+    raise GpuEffError(f"the simulated GPU with minor {minor} has no MIG instance {gi_id}")
+
+
+def state_path(state_dir: str, node: str, key: int | str) -> str:
+    """Where the workload publishes what a GPU (minor number) or MIG instance (UUID) does."""
+    name = f"gpu{key}.json" if isinstance(key, int) else f"{key}.json"
+    return os.path.join(state_dir, node, name)
+
+
+def state_record(
+    profile: Profile, position: int, started: float, ended: float | None = None,
+    prior_extra_j: float = 0.0, pid: int | None = None, job_id: str = "",
+) -> dict[str, Any]:
+    """One GPU's state file: `phases` (resolved for this GPU) and the times are what the
+    stand-in library reads; `profile` and `position` let a later workload work out the
+    energy this one added."""
+    return {
+        "job_id": job_id, "position": position, "profile": profile.raw,
+        "phases": profile.resolve(position), "started_at": started, "ended_at": ended,
+        "prior_extra_j": prior_extra_j, "pid": pid,
+    }
+
+
+def extra_energy_j(profile: Profile, position: int, idle_w: float, started: float,
+                   ended: float | None, now: float) -> float:
+    """Energy a workload drew above the GPU's idle power, from its start until `now` (or
+    its end): the truth, from the profile."""
+    stop = now if ended is None else min(now, ended)
+    span = max(0.0, stop - started)
+    return profile.integral(position, "power_w", 0.0, span, idle_w) - idle_w * span
 
 
 class Publisher:
-    """Writes the per-GPU state files that the simulated NVML reads."""
+    """Writes the per-GPU state files that the stand-in NVML library reads."""
 
     def __init__(self, config: Config, node: str, job_id: str) -> None:
         self.state_dir = config.sim_state_dir
@@ -71,20 +121,19 @@ class Publisher:
         if not state or spec is None:
             return 0.0
         try:
-            previous = sim.Workload(
+            ended = state.get("ended_at")
+            added = extra_energy_j(
                 parse_profile(state["profile"]), int(state["position"]),
-                float(state["started_at"]),
-                None if state.get("ended_at") is None else float(state["ended_at"]),
-                float(state.get("prior_extra_j", 0.0)),
+                float(spec.get("idle_power_w", 60)), float(state["started_at"]),
+                None if ended is None else float(ended), now,
             )
+            return float(state.get("prior_extra_j", 0.0)) + added
         except (KeyError, TypeError, ValueError, ProfileError):
             return 0.0
-        idle = float(spec.get("idle_power_w", 60))
-        return previous.prior_extra_j + sim.extra_energy_j(previous, idle, now)
 
     def _read(self, minor: int | str) -> dict[str, Any] | None:
         try:
-            with open(sim.state_path(self.state_dir, self.node, minor), encoding="utf-8") as fh:
+            with open(state_path(self.state_dir, self.node, minor), encoding="utf-8") as fh:
                 data = json.load(fh)
             return data if isinstance(data, dict) else None
         except (OSError, ValueError):
@@ -94,12 +143,9 @@ class Publisher:
         self, minor: int | str, profile: Profile, position: int, started: float,
         ended: float | None, prior: float,
     ) -> None:
-        path = sim.state_path(self.state_dir, self.node, minor)
-        state = {
-            "job_id": self.job_id, "position": position, "profile": profile.raw,
-            "started_at": started, "ended_at": ended, "prior_extra_j": prior,
-            "pid": os.getpid(),  # NVML lists it as the GPU's process: it is in the job's cgroup
-        }
+        path = state_path(self.state_dir, self.node, minor)
+        # The workload's pid: NVML lists it as the GPU's process, and it is in the job's cgroup.
+        state = state_record(profile, position, started, ended, prior, os.getpid(), self.job_id)
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as handle:
@@ -122,29 +168,21 @@ def _device_specs(path: str, node: str) -> dict[int, dict[str, Any]]:
         return {}
 
 
-def sim_clock(config: Config) -> Callable[[], float]:
-    """The simulated clock the NVML simulation uses: the same boot time and time scale."""
-    try:
-        boot = os.stat(config.sim_devices).st_mtime
-    except OSError as exc:
-        raise GpuEffError(f"cannot read the simulated devices {config.sim_devices}: {exc.strerror}") from exc
-    return lambda: sim.sim_time(boot, config.sim_time_scale)
-
-
 def run(
     profile_path: str, config: Config, env: Mapping[str, str],
     clock: Callable[[], float] | None = None, sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[float, float]:
     """Play the profile on the job's GPUs; returns when it started and ended (simulated
     time). SIGTERM ends it early."""
-    if config.gpu_backend != "sim":
-        raise GpuEffError("gpueff-sim needs a config with [gpu] backend = sim (set GPUEFF_CONFIG)")
-    clock = clock or sim_clock(config)
+    if not (config.sim_devices and config.sim_state_dir):
+        raise GpuEffError("gpueff-sim needs a config with [sim] devices and state_dir (set GPUEFF_CONFIG)")
+    clock = clock or driver_clock(config)
     scale = config.sim_time_scale
     profile = load_profile(profile_path)
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    minors = job_minors(env, gres_gpu_minors(node, config.slurmd))
     publisher = Publisher(config, node, env.get("SLURM_JOB_ID", ""))
+    slurm_map = gres_gpu_minors(node, config.slurmd, config.mig_minors_for(node))
+    minors = job_minors(env, slurm_map, publisher.devices)
     stop = {"now": False}
 
     def on_term(signum: int, frame: object) -> None:

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROLOG = REPO / "prolog" / "gpueff-prolog"
 EPILOG = REPO / "epilog" / "gpueff-epilog"
 SIM = REPO / ".venv" / "bin" / "gpueff-sim"
+STANDIN = REPO / "build" / "nvml" / "current" / "libnvidia-ml.so.1"
 MIG = "MIG-5ec0e2c4-1b0e-5a3e-9d7e-2f4a3c1b0a11"
 GIB = 1024**3
 
@@ -29,7 +30,7 @@ def site(tmp_path: Path, devices: list[dict[str, Any]], **sampler: str) -> dict[
     settings = {"interval_s": "0.5", "checkpoint_s": "1", "live_s": "3600", **sampler}
     scale = settings.pop("time_scale", "1")
     (tmp_path / "gpueff.conf").write_text(
-        f"[gpu]\nbackend = sim\n[sim]\ndevices = {tmp_path}/devices.json\n"
+        f"[gpu]\nlibrary = {STANDIN}\n[sim]\ndevices = {tmp_path}/devices.json\n"
         f"state_dir = {tmp_path}/state\ntime_scale = {scale}\n[sampler]\n"
         + "".join(f"{k} = {v}\n" for k, v in settings.items())
         + f"[spool]\ndir = {tmp_path}/spool/%n\n[store]\npath = {tmp_path}/store.db\n"

@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,12 @@ from typing import Any
 import pytest
 
 from slurm_gpu_eff import model
-from slurm_gpu_eff.sim import nvml as sim
+from slurm_gpu_eff.config import Config
+from slurm_gpu_eff.node.gpu import GpuSession
+from slurm_gpu_eff.sim.profile import parse_profile
+from slurm_gpu_eff.sim.workload import state_path, state_record
 from slurm_gpu_eff.slurm import DELIMITER, FIELDS, SlurmJob
+from tests import standin
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GIB = 1024**3
@@ -163,48 +166,83 @@ SIM_DEVICES = [
 ]
 
 
-@dataclass
 class SimNode:
-    """A simulated node `gpu1` in tmp_path, with NVML's clock under the test's control."""
+    """A simulated node `gpu1` in tmp_path: devices file, state dir, and a config that
+    points pynvml at the stand-in libnvidia-ml.so.1, whose clock the test sets (`now`)."""
 
-    devices_file: Path
-    state_dir: Path
-    node: str = "gpu1"
-    now: float = BOOT + 1000.0
-    specs: list[dict[str, Any]] = field(default_factory=lambda: SIM_DEVICES)
+    def __init__(self, root: Path, lib: Any, node: str = "gpu1") -> None:
+        self.devices_file = root / "devices.json"
+        self.state_dir = root / "state"
+        self.lib = lib
+        self.node = node
+        self.config = Config(gpu_library=lib._name, sim_devices=str(self.devices_file),
+                             sim_state_dir=str(self.state_dir))
+        self.now = BOOT + 1000.0
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self._now = value
+        standin.set_clock(self.lib, value)  # the library's clock follows the test's
 
     def clock(self) -> float:
-        return self.now
+        return self._now
+
+    def session(self) -> GpuSession:
+        """A GPU session through the real pynvml, its clock the test's."""
+        session = GpuSession(self.config)
+        session.clock = self.clock
+        return session
 
     def write_state(
-        self, minor: int, profile: dict[str, Any], started_at: float,
+        self, minor: int | str, profile: dict[str, Any], started_at: float,
         ended_at: float | None = None, position: int = 0, prior_extra_j: float = 0.0,
+        pid: int | None = None,
     ) -> Path:
-        """What `gpueff-sim run` publishes for GPU `minor` (sim/workload.Publisher's keys)."""
-        path = Path(sim.state_path(str(self.state_dir), self.node, minor))
+        """What `gpueff-sim run` publishes for GPU `minor` (or a MIG UUID)."""
+        path = Path(state_path(str(self.state_dir), self.node, minor))
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"job_id": "4242", "position": position, "profile": profile,
-                 "started_at": started_at, "ended_at": ended_at, "prior_extra_j": prior_extra_j}
+        state = state_record(parse_profile(profile), position, started_at, ended_at, prior_extra_j,
+                             pid, "4242")
         path.write_text(json.dumps(state), encoding="utf-8")
         return path
 
 
-@pytest.fixture
-def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimNode:
-    """Devices file + state dir in tmp_path, the sim's globals isolated, its clock scripted.
+def write_sim_config(root: Path, lib_path: str) -> Path:
+    path = root / "gpueff.conf"
+    path.write_text(f"[gpu]\nlibrary = {lib_path}\n[sim]\ndevices = {root / 'devices.json'}\n"
+                    f"state_dir = {root / 'state'}\n", encoding="utf-8")
+    return path
 
-    The devices file's mtime (the sim's "driver load") is BOOT; NVML reads time from
-    `sim_node.now`, so every reading is exact.
+
+@pytest.fixture
+def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimNode]:
+    """Devices file + state dir in tmp_path, pynvml over the stand-in, its clock scripted.
+
+    The devices file's mtime (the simulated "driver load") is BOOT; the library reads time
+    from `sim_node.now`, so every reading is exact.
     """
+    import pynvml
+
     devices = tmp_path / "devices.json"
     devices.write_text(json.dumps({"gpu1": SIM_DEVICES}), encoding="utf-8")
     os.utime(devices, (BOOT, BOOT))
-    node = SimNode(devices_file=devices, state_dir=tmp_path / "state")
+    path = standin.library_path()
+    standin.load(pynvml, path)
+    monkeypatch.setenv("GPUEFF_CONFIG", str(write_sim_config(tmp_path, path)))
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu1")
+    node = SimNode(tmp_path, pynvml.nvmlLib)
     (node.state_dir / node.node).mkdir(parents=True)  # as cluster.sh makes it: per node
-    monkeypatch.setattr(sim, "_settings", {})
-    monkeypatch.setattr(sim, "_devices", None)
-    monkeypatch.setattr(sim, "time", types.SimpleNamespace(time=node.clock))
-    return node
+    yield node
+    standin.set_clock(node.lib, None)
+    for _ in range(100):  # NVML is refcounted: sessions a test left open end with it
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            break
 
 
 # --- hooks: a site in tmp_path, and the sampler processes it starts -----------------------
@@ -258,12 +296,11 @@ class HookSite:
 
     def write_state(self, minor: int, metrics: dict[str, float], started_at: float) -> None:
         """Make simulated GPU `minor` run `metrics` for an hour from `started_at` (epoch s)."""
-        path = self.root / "state" / "gpu1" / f"gpu{minor}.json"
+        path = Path(state_path(str(self.root / "state"), "gpu1", minor))
         path.parent.mkdir(parents=True, exist_ok=True)
-        profile = {"phases": [{"seconds": 3600, "gpus": {"*": metrics}}]}
-        path.write_text(json.dumps({"job_id": "4242", "position": 0, "profile": profile,
-                                    "started_at": started_at, "ended_at": None,
-                                    "prior_extra_j": 0.0}), encoding="utf-8")
+        profile = parse_profile({"phases": [{"seconds": 3600, "gpus": {"*": metrics}}]})
+        path.write_text(json.dumps(state_record(profile, 0, started_at, job_id="4242")),
+                        encoding="utf-8")
 
     def job_dir(self, job_id: str = "4242") -> Path:
         return self.spool_root / "jobs" / job_id
@@ -298,7 +335,7 @@ def runs_under(pid: int, root: Path) -> bool:
 def write_site_config(root: Path, **sections: dict[str, str]) -> Path:
     """A gpueff.conf for the sim backend, everything under root; sections override keys."""
     values: dict[str, dict[str, str]] = {
-        "gpu": {"backend": "sim"},
+        "gpu": {"library": standin.library_path()},
         "sim": {"devices": str(root / "devices.json"), "state_dir": str(root / "state")},
         "sampler": {"interval_s": "0.2", "checkpoint_s": "0.5"},
         "hooks": {"python": sys.executable, "timeout_s": "10"},

@@ -1,16 +1,17 @@
-"""gpu.py with the sim backend: binding by minor number, None for unsupported, GpuLost."""
+"""node/gpu.py through the real pynvml over the stand-in library: binding by minor number,
+None for unsupported, GpuLost."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
+import pynvml
 import pytest
 
 from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import BindingError, GpuAccessError, GpuLost
 from slurm_gpu_eff.node.gpu import GpuSession, load_nvml
-from slurm_gpu_eff.sim import nvml as sim
 
 GIB = 1024**3
 BOOT = 1_700_000_000.0
@@ -18,37 +19,33 @@ UUID = {m: f"GPU-{str(m) * 8}-{str(m) * 4}-{str(m) * 4}-{str(m) * 4}-{str(m) * 1
         for m in range(4)}
 
 
-def session(sim_node: Any) -> GpuSession:
-    config = Config(gpu_backend="sim", sim_devices=str(sim_node.devices_file),
-                    sim_state_dir=str(sim_node.state_dir))
-    return GpuSession(config, sim_node.node)
+def test_load_nvml_points_pynvml_at_the_configured_library(sim_node: Any) -> None:
+    assert load_nvml(sim_node.config) is pynvml
+    assert pynvml.nvmlLib._name == sim_node.config.gpu_library
 
 
-def test_load_nvml_gives_the_simulation_for_the_sim_backend(sim_node: Any) -> None:
-    config = Config(gpu_backend="sim", sim_devices=str(sim_node.devices_file),
-                    sim_state_dir=str(sim_node.state_dir))
-    assert load_nvml(config, "gpu1") is sim
-    assert {k: sim._settings[k] for k in ("devices_file", "state_dir", "node")} == {
-        "devices_file": str(sim_node.devices_file), "state_dir": str(sim_node.state_dir),
-        "node": "gpu1"}
+def test_a_library_that_is_not_there_is_a_clear_error(sim_node: Any, tmp_path: Any) -> None:
+    config = Config(gpu_library=str(tmp_path / "absent" / "libnvidia-ml.so.1"))
+    with pytest.raises(GpuAccessError, match=r"cannot load the NVML library .*absent/libnvidia-ml.so.1"):
+        load_nvml(config)
 
 
 def test_load_nvml_without_pynvml_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     with pytest.raises(GpuAccessError, match=r"pynvml is not installed \(pip install nvidia-ml-py\)"):
-        load_nvml(Config(), "gpu1")
+        load_nvml(Config())
 
 
 def test_bind_resolves_minor_numbers_and_keeps_their_order(sim_node: Any) -> None:
     # NVML enumerates minors 1, 2, 0, 3: NVML index 2 is minor 0, NVML index 0 is minor 1
-    gpus = session(sim_node).bind([2, 0])
+    gpus = sim_node.session().bind([2, 0])
     assert [g.minor for g in gpus] == [2, 0]
     assert [g.index for g in gpus] == [2, 0]
     assert [g.uuid for g in gpus] == [UUID[2], UUID[0]]
 
 
 def test_bound_gpu_knows_its_name_memory_and_power_limit(sim_node: Any) -> None:
-    (a100,) = session(sim_node).bind([3])
+    (a100,) = sim_node.session().bind([3])
     assert a100.name == "NVIDIA A100 (sim)"
     assert a100.memory_total_bytes == 40 * GIB
     assert a100.power_limit_w == 400.0
@@ -56,31 +53,30 @@ def test_bound_gpu_knows_its_name_memory_and_power_limit(sim_node: Any) -> None:
 
 def test_binding_a_minor_that_does_not_exist_fails(sim_node: Any) -> None:
     with pytest.raises(BindingError, match=r"no GPU with minor number 7 \(Slurm index 7\) here"):
-        session(sim_node).bind([0, 7])
+        sim_node.session().bind([0, 7])
 
 
 def test_a_uuid_binds_to_its_device(sim_node: Any) -> None:
-    (gpu,) = session(sim_node).bind([UUID[2]])
+    (gpu,) = sim_node.session().bind([UUID[2]])
     assert (gpu.minor, gpu.index, gpu.uuid) == (2, 2, UUID[2])
 
 
 def test_an_unknown_uuid_fails(sim_node: Any) -> None:
     with pytest.raises(BindingError, match="with UUID GPU-deadbeef on this node"):
-        session(sim_node).bind(["GPU-deadbeef"])
+        sim_node.session().bind(["GPU-deadbeef"])
 
 
 def test_a_missing_devices_file_is_a_gpu_access_error(sim_node: Any) -> None:
-    config = Config(gpu_backend="sim", sim_devices=str(sim_node.devices_file) + ".absent",
-                    sim_state_dir=str(sim_node.state_dir))
+    sim_node.devices_file.rename(sim_node.devices_file.with_suffix(".gone"))  # no "driver"
     with pytest.raises(GpuAccessError, match="NVML cannot start: Driver Not Loaded"):
-        GpuSession(config, "gpu1")
+        GpuSession(sim_node.config)
 
 
 def test_read_returns_what_the_workload_does(sim_node: Any) -> None:
     profile = {"phases": [{"seconds": 100, "gpus": {"*": {
         "util": 75, "mem_util": 40, "mem_used_gib": 12, "power_w": 420}}}]}
     sim_node.write_state(0, profile, started_at=BOOT + 950.0)
-    (gpu,) = session(sim_node).bind([0])  # at BOOT + 1000
+    (gpu,) = sim_node.session().bind([0])  # at BOOT + 1000
     sim_node.now = BOOT + 1001.0  # two 0.5 s driver windows later
     reading = gpu.read()
     assert reading.time == BOOT + 1001.0
@@ -98,14 +94,14 @@ def test_read_returns_what_the_workload_does(sim_node: Any) -> None:
 def test_no_new_driver_window_falls_back_to_the_rate(sim_node: Any) -> None:
     """Some drivers stop filling the sample buffer while a GPU idles: the latest rate then
     stands for the poll, so an idle GPU reads 0%, not "not measured"."""
-    (gpu,) = session(sim_node).bind([0])
+    (gpu,) = sim_node.session().bind([0])
     reading = gpu.read()  # the same instant as the bind: no window has closed since
     assert (reading.util, reading.util_samples) == (0.0, [])
     assert reading.power_w == 60.0
 
 
 def test_unsupported_metric_reads_none_not_zero(sim_node: Any) -> None:
-    (a100,) = session(sim_node).bind([3])  # its spec: energy counter unsupported
+    (a100,) = sim_node.session().bind([3])  # its spec: energy counter unsupported
     sim_node.now += 1.0
     reading = a100.read()
     assert reading.energy_mj is None
@@ -117,7 +113,7 @@ def test_unsupported_metric_reads_none_not_zero(sim_node: Any) -> None:
 def not_supported(calls: list[str], name: str) -> Any:
     def function(*args: Any) -> Any:
         calls.append(name)
-        raise sim.NVMLError(sim.NVML_ERROR_NOT_SUPPORTED)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     return function
 
@@ -127,9 +123,9 @@ def test_utilisation_falls_back_to_rates_without_driver_samples(
 ) -> None:
     profile = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 35, "mem_util": 15}}}]}
     sim_node.write_state(0, profile, started_at=BOOT + 950.0)
-    (gpu,) = session(sim_node).bind([0])
+    (gpu,) = sim_node.session().bind([0])
     calls: list[str] = []
-    monkeypatch.setattr(sim, "nvmlDeviceGetSamples", not_supported(calls, "samples"))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", not_supported(calls, "samples"))
     sim_node.now += 1.0
     reading = gpu.read()
     assert (reading.util, reading.mem_util) == (35.0, 15.0)
@@ -140,11 +136,11 @@ def test_utilisation_falls_back_to_rates_without_driver_samples(
 def test_unsupported_utilisation_reads_none_and_is_not_asked_again(
     sim_node: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (gpu,) = session(sim_node).bind([0])
+    (gpu,) = sim_node.session().bind([0])
     calls: list[str] = []
-    monkeypatch.setattr(sim, "nvmlDeviceGetSamples", not_supported(calls, "samples"))
-    monkeypatch.setattr(sim, "nvmlDeviceGetUtilizationRates", not_supported(calls, "rates"))
-    monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", not_supported(calls, "power"))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", not_supported(calls, "samples"))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", not_supported(calls, "rates"))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", not_supported(calls, "power"))
     first, second = gpu.read(), gpu.read()
     for reading in (first, second):
         assert (reading.util, reading.mem_util, reading.power_w) == (None, None, None)
@@ -156,22 +152,22 @@ def test_unsupported_utilisation_reads_none_and_is_not_asked_again(
 def test_a_function_missing_from_the_library_reads_none(
     sim_node: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (gpu,) = session(sim_node).bind([0])
-    monkeypatch.delattr(sim, "nvmlDeviceGetPowerUsage")  # an old pynvml without it
+    (gpu,) = sim_node.session().bind([0])
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetPowerUsage")  # an old pynvml without it
     assert gpu.read().power_w is None
 
 
 def test_a_passing_error_costs_one_reading_not_the_metric(
     sim_node: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    (gpu,) = session(sim_node).bind([0])
-    real = sim.nvmlDeviceGetPowerUsage
+    (gpu,) = sim_node.session().bind([0])
+    real = pynvml.nvmlDeviceGetPowerUsage
 
     def flaky(handle: Any) -> int:
-        monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", real)
-        raise sim.NVMLError_Unknown()
+        monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", real)
+        raise pynvml.NVMLError_Unknown()
 
-    monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", flaky)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", flaky)
     sim_node.now += 1.0
     assert gpu.read().power_w is None
     assert gpu.errors == ["nvmlDeviceGetPowerUsage: Unknown Error"]
@@ -182,23 +178,23 @@ def test_a_passing_error_costs_one_reading_not_the_metric(
 
 
 def test_gpu_is_lost_raises_model_gpulost(sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    (gpu,) = session(sim_node).bind([2])
+    (gpu,) = sim_node.session().bind([2])
 
     def lost(handle: Any) -> Any:
-        raise sim.NVMLError(sim.NVML_ERROR_GPU_IS_LOST)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
 
-    monkeypatch.setattr(sim, "nvmlDeviceGetPowerUsage", lost)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", lost)
     with pytest.raises(GpuLost) as raised:
         gpu.read()
     assert str(raised.value) == f"GPU minor 2 ({UUID[2]}) is lost"
-    assert isinstance(raised.value.__cause__, sim.NVMLError_GpuIsLost)
+    assert isinstance(raised.value.__cause__, pynvml.NVMLError_GpuIsLost)
 
 
 def test_a_gpu_lost_in_the_workload_raises_gpulost(sim_node: Any) -> None:
     profile = {"phases": [{"seconds": 5, "gpus": {"*": {"util": 90}}},
                           {"seconds": 60, "gpus": {"*": {"lost": True}}}]}
     sim_node.write_state(2, profile, started_at=BOOT + 998.0)
-    (gpu,) = session(sim_node).bind([2])  # BOOT + 1000: still there
+    (gpu,) = sim_node.session().bind([2])  # BOOT + 1000: still there
     sim_node.now = BOOT + 1002.0
     assert gpu.read().util == 90.0
     sim_node.now = BOOT + 1004.0  # it fell off the bus at BOOT + 1003
@@ -207,8 +203,8 @@ def test_a_gpu_lost_in_the_workload_raises_gpulost(sim_node: Any) -> None:
 
 
 def test_close_shuts_nvml_down_and_tolerates_a_second_close(sim_node: Any) -> None:
-    gpus_session = session(sim_node)
+    gpus_session = sim_node.session()
     gpus_session.close()
-    with pytest.raises(sim.NVMLError_Uninitialized):
-        sim.nvmlDeviceGetCount()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
     gpus_session.close()  # NVMLError_Uninitialized is swallowed

@@ -51,9 +51,12 @@ def imports(name: str, path: Path) -> set[str]:
     return found
 
 
-def test_the_import_scanner_sees_relative_and_dynamic_imports() -> None:
+def test_the_import_scanner_sees_relative_and_dynamic_imports(tmp_path: Path) -> None:
     found = imports("slurm_gpu_eff.node.gpu", PACKAGE / "node" / "gpu.py")
-    assert {"slurm_gpu_eff.config", "slurm_gpu_eff.sim.nvml", "pynvml"} <= found
+    assert {"slurm_gpu_eff.config", "pynvml", "ctypes"} <= found
+    dynamic = tmp_path / "dyn.py"
+    dynamic.write_text("import importlib\nimportlib.import_module('pynvml')\n__import__('jinja2')\n")
+    assert {"pynvml", "jinja2"} <= imports("slurm_gpu_eff.dyn", dynamic)
     assert "slurm_gpu_eff.config" in imports("slurm_gpu_eff.sim.cli", PACKAGE / "sim" / "cli.py")
     assert len(modules()) >= 20
 
@@ -64,6 +67,16 @@ def test_nothing_imports_the_cli() -> None:
         if name != "slurm_gpu_eff.cli" and "slurm_gpu_eff.cli" in imports(name, path)
     }
     assert offenders == set()
+
+
+def test_no_module_of_the_package_imports_the_simulator() -> None:
+    """The simulated GPUs live below pynvml (the stand-in library) and in the in-job
+    workload; the code a site runs never reaches for them."""
+    users = {
+        name for name, path in modules().items() if not name.startswith("slurm_gpu_eff.sim")
+        and any(i.startswith("slurm_gpu_eff.sim") for i in imports(name, path))
+    }
+    assert users == set()
 
 
 def test_only_gpu_py_imports_pynvml() -> None:
@@ -110,7 +123,6 @@ def test_node_modules_use_only_node_and_ground_modules() -> None:
     outside = {
         f"{name} -> {dep}" for name, deps in graph.items() if name.startswith("slurm_gpu_eff.node")
         for dep in deps if not dep.startswith("slurm_gpu_eff.node") and dep not in NODE_MAY_USE
-        and not dep.startswith("slurm_gpu_eff.sim")  # until the simulator is out of gpu.py
     }
     assert outside == set()
 
@@ -141,16 +153,23 @@ def test_hot_path_imports_stay_light(module: str) -> None:
     assert loaded_after(f"import {module}") == dict.fromkeys(HEAVY, False)
 
 
-def test_all_hot_paths_together_and_a_sim_session_stay_light(tmp_path: Path) -> None:
+def test_all_hot_paths_together_and_a_gpu_session_stay_light(tmp_path: Path) -> None:
+    """The sampler's whole GPU path, the real pynvml over the stand-in library included."""
+    from tests import standin
+
     devices = tmp_path / "devices.json"
     devices.write_text('{"n": [{"minor": 0, "uuid": "GPU-0"}]}')
+    (tmp_path / "gpueff.conf").write_text(
+        f"[gpu]\nlibrary = {standin.library_path()}\n[sim]\ndevices = {devices}\nstate_dir = {tmp_path}\n")
     code = (
+        "import os\n"
+        f"os.environ.update(GPUEFF_CONFIG={str(tmp_path / 'gpueff.conf')!r}, SLURMD_NODENAME='n')\n"
         "import slurm_gpu_eff.node.hooks, slurm_gpu_eff.node.sampler, slurm_gpu_eff.node.gpu\n"
-        "from slurm_gpu_eff.config import Config\n"
+        "from slurm_gpu_eff.config import load_config\n"
         "from slurm_gpu_eff.node.gpu import GpuSession\n"
-        f"s = GpuSession(Config(gpu_backend='sim', sim_devices={str(devices)!r}, "
-        f"sim_state_dir={str(tmp_path)!r}), 'n')\n"
+        "s = GpuSession(load_config())\n"
         "assert [g.minor for g in s.bind([0])] == [0]\n"
+        f"assert {standin.library_path()!r} in open('/proc/self/maps').read()\n"
     )
     assert loaded_after(code) == dict.fromkeys(HEAVY, False)
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_eff.node import hooks
 from slurm_gpu_eff.config import load_config
 from slurm_gpu_eff.errors import ConfigError
 from slurm_gpu_eff.hostlist import expand_hostlist
 from slurm_gpu_eff.model import COMPLETE, RUNNING, NodeSummary
+from slurm_gpu_eff.node import hooks
 from slurm_gpu_eff.node.log import HookLog
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.node.stats import Stat, Timeline

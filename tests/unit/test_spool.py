@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_eff.node import spool as spool_module
 from slurm_gpu_eff.errors import SpoolError
 from slurm_gpu_eff.model import NodeSummary
+from slurm_gpu_eff.node import spool as spool_module
 from slurm_gpu_eff.node.spool import Spool, read_json, read_summary, write_json
 
 

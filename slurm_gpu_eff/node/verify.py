@@ -1,0 +1,108 @@
+"""A binding that checks itself: are the GPUs the sampler reads the job's own?
+
+Every comparable tool has shipped a wrong-GPU bug (an index taken for a minor, Slurm's
+order against NVIDIA's, a UUID list in CUDA_VISIBLE_DEVICES). So the binding is never
+simply trusted; it is cross-checked against the job itself:
+- the job's processes, as NVML lists them on every GPU of the node (pid -> job through
+  /proc/PID/cgroup): one of the job's processes on a GPU it was not bound to is a
+  mismatch; one on a bound GPU is evidence for the binding;
+- the job cgroup's device list, where cgroup v1 shows one (a whitelist of `c 195:N`
+  entries): a bound GPU it does not allow, or an allowed GPU not bound, is a mismatch.
+  Slurm usually denies devices from an allow-all list, which the kernel shows as
+  `a *:* rwm`: that says nothing, and is not taken as evidence either way.
+Status: `mismatch` if anything disagrees, else `verified` if anything agrees, else
+`unverified`. Standard library only: the sampler runs it.
+"""
+
+from __future__ import annotations
+
+import glob
+
+VERIFIED, UNVERIFIED, MISMATCH = "verified", "unverified", "mismatch"
+NVIDIA_MAJOR = 195
+NOT_GPUS = (254, 255)  # nvidia-modeset and nvidiactl share the major; every job may have them
+MAX_EVIDENCE = 10
+DEVICES_LISTS = (
+    "{root}/devices/slurm_{node}/uid_*/job_{job}/devices.list",  # several slurmd on one host
+    "{root}/devices/slurm/uid_*/job_{job}/devices.list",
+)
+
+
+class BindingCheck:
+    """Evidence for and against one node's binding, gathered while the job runs."""
+
+    def __init__(self, job_id: str, node: str, bound_minors: list[int], cgroup_root: str = "/sys/fs/cgroup"):
+        self.job_id = job_id
+        self.node = node
+        self.bound_minors = sorted(set(bound_minors))  # whole GPUs (MIG slices: processes only)
+        self.cgroup_root = cgroup_root
+        self.agree: list[str] = []
+        self.disagree: list[str] = []
+        self.cgroup_read = False
+        self._seen_on: set[int] = set()
+
+    def processes(self, minor: int, jobs_of_pids: dict[int, str | None], bound: bool) -> None:
+        """The processes NVML lists on GPU `minor`, each with the job it belongs to."""
+        for pid, job in sorted(jobs_of_pids.items()):
+            if job != self.job_id:
+                continue
+            if not bound:
+                self._note(self.disagree, f"process {pid} of job {self.job_id} runs on GPU minor "
+                                          f"{minor}, which this sampler was not bound to")
+            elif minor not in self._seen_on:
+                self._seen_on.add(minor)
+                self._note(self.agree, f"process {pid} of job {self.job_id} runs on bound GPU minor {minor}")
+
+    def cgroup(self) -> bool:
+        """Read the job cgroup's device list once it exists; True once read (or when this
+        host cannot have one), so the caller stops asking."""
+        if self.cgroup_read:
+            return True
+        paths = [p for pattern in DEVICES_LISTS for p in glob.glob(pattern.format(
+            root=self.cgroup_root, node=glob.escape(self.node), job=self.job_id))]
+        if not paths:
+            return False
+        try:
+            with open(paths[0], encoding="ascii", errors="replace") as handle:
+                allowed = allowed_gpu_minors(handle.read())
+        except OSError:
+            return False
+        self.cgroup_read = True
+        if allowed is None or not self.bound_minors:
+            return True  # allow-all with hidden exceptions, or MIG: says nothing
+        if allowed == self.bound_minors:
+            self._note(self.agree, f"the job's cgroup allows exactly GPU minors {allowed}")
+        else:
+            self._note(self.disagree, f"the job's cgroup allows GPU minors {allowed}, "
+                                      f"the sampler was bound to {self.bound_minors}")
+        return True
+
+    def result(self) -> dict[str, object]:
+        if self.disagree:
+            return {"status": MISMATCH, "evidence": self.disagree + self.agree}
+        if self.agree:
+            return {"status": VERIFIED, "evidence": list(self.agree)}
+        return {"status": UNVERIFIED, "evidence": ["no process of the job was seen on a GPU yet, and the "
+                                                   "job's cgroup does not list its devices"]}
+
+    def _note(self, where: list[str], text: str) -> None:
+        if text not in where and len(where) < MAX_EVIDENCE:
+            where.append(text)
+
+
+def allowed_gpu_minors(devices_list: str) -> list[int] | None:
+    """The NVIDIA GPU minors a cgroup v1 device whitelist allows; None when the list
+    allows everything (`a *:* ...`) and so names nothing."""
+    minors = set()
+    for line in devices_list.splitlines():
+        kind, _, rest = line.strip().partition(" ")
+        number = rest.partition(" ")[0]
+        if kind == "a":
+            return None
+        major, _, minor = number.partition(":")
+        if kind == "c" and major == str(NVIDIA_MAJOR):
+            if minor == "*":
+                return None  # every NVIDIA device: names no GPU in particular
+            if minor.isdigit() and int(minor) not in NOT_GPUS:
+                minors.add(int(minor))
+    return sorted(minors)

@@ -1,0 +1,197 @@
+"""A binding that checks itself (node/verify.py), and MIG slices named by Slurm's gres
+index (node/binding.py: capability files through the driver's mig-minors table)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_gpu_eff.node.binding import gres_gpu_minors, mig_table
+from slurm_gpu_eff.node.verify import MISMATCH, UNVERIFIED, VERIFIED, BindingCheck, allowed_gpu_minors
+
+MIG_TABLE = "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu3/gi2/access 21\n"
+MIG_A = "MIG-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"
+MIG_B = "MIG-bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb"
+BOOT = 1_700_000_000.0
+
+
+# --- MIG through Slurm's gres indexes -----------------------------------------------------
+
+def test_the_mig_minors_table_maps_capabilities_to_gpu_and_instance(tmp_path: Path) -> None:
+    table = tmp_path / "mig-minors"
+    table.write_text(MIG_TABLE + "gpu1/gi/access 9\ngarbage\ngpuX/gi1/access 5\n")
+    assert mig_table(str(table)) == {12: (0, 1), 13: (0, 1), 21: (3, 2)}
+    assert mig_table(str(tmp_path / "absent")) == {}
+
+
+def fake_slurmd(tmp_path: Path, lines: list[str]) -> str:
+    slurmd = tmp_path / "slurmd"
+    slurmd.write_text("#!/bin/sh\n" + "".join(f"echo 'slurmd: {line}' >&2\n" for line in lines))
+    slurmd.chmod(0o755)
+    return str(slurmd)
+
+
+def char_device(path: Path, major: int, minor: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mknod(path, 0o600 | 0o020000, os.makedev(major, minor))
+    except PermissionError:
+        pytest.skip("mknod needs root")
+
+
+def test_a_gres_index_on_a_capability_file_maps_to_its_mig_instance(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    char_device(dev / "nvidia0", 195, 0)
+    char_device(dev / "nvidia-caps" / "nvidia-cap12", 238, 12)
+    char_device(dev / "nvidia-caps" / "nvidia-cap13", 238, 13)
+    char_device(dev / "nvidia-caps" / "nvidia-cap21", 238, 21)
+    char_device(dev / "nvidia-caps" / "nvidia-cap40", 238, 40)  # in no table
+    (tmp_path / "mig-minors").write_text(MIG_TABLE)
+    slurmd = fake_slurmd(tmp_path, [
+        f"Gres Name=gpu Type=1g.10gb Count=1 Index=0 ID=1 File={dev}/nvidia0,{dev}/nvidia-caps/nvidia-cap12,"
+        f"{dev}/nvidia-caps/nvidia-cap13",  # parent, GI and CI access: one slice
+        f"Gres Name=gpu Type=1g.10gb Count=1 Index=1 ID=1 File={dev}/nvidia-caps/nvidia-cap21",
+        f"Gres Name=gpu Type=1g.10gb Count=1 Index=2 ID=1 File={dev}/nvidia-caps/nvidia-cap40",
+    ])
+    assert gres_gpu_minors("n1", slurmd, str(tmp_path / "mig-minors")) == {0: (0, 1), 1: (3, 2)}
+
+
+def test_a_mig_slice_named_by_slurms_index_is_bound_to_that_instance(sim_node: Any) -> None:
+    import json
+
+    spec = {"minor": 3, "uuid": "GPU-33333333-3333-3333-3333-333333333333", "name": "H100",
+            "mig": [{"gi_id": 1, "uuid": MIG_A}, {"gi_id": 2, "uuid": MIG_B}]}
+    sim_node.devices_file.write_text(json.dumps({"gpu1": [spec]}))
+    os.utime(sim_node.devices_file, (BOOT, BOOT))
+    (gpu,) = sim_node.session().bind([1], {1: (3, 2)})
+    assert (gpu.index, gpu.minor, gpu.uuid, gpu.gi_id) == (1, 3, MIG_B, 2)
+    assert gpu.is_mig and gpu.parent_uuid == spec["uuid"]
+    from slurm_gpu_eff.errors import BindingError
+
+    with pytest.raises(BindingError, match=r"no MIG instance 5 on the GPU with minor number 3 \(Slurm"):
+        sim_node.session().bind([0], {0: (3, 5)})
+
+
+# --- the cgroup's device list --------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "allowed"), [
+    ("a *:* rwm\n", None),  # allow-all (with hidden exceptions): names nothing
+    ("c 195:1 rwm\nc 195:255 rwm\nc 195:254 rw\nc 1:3 rwm\n", [1]),
+    ("c 195:3 rwm\nc 195:0 rw\n", [0, 3]),
+    ("c 195:* rwm\n", None),
+    ("b 8:0 r\n", []),
+])
+def test_allowed_gpu_minors_reads_a_whitelist(text: str, allowed: list[int] | None) -> None:
+    assert allowed_gpu_minors(text) == allowed
+
+
+def cgroup(root: Path, job: str, text: str, node: str = "gpu1") -> None:
+    where = root / "devices" / f"slurm_{node}" / "uid_1000" / f"job_{job}"
+    where.mkdir(parents=True)
+    (where / "devices.list").write_text(text)
+
+
+def test_a_cgroup_that_allows_exactly_the_bound_gpus_verifies(tmp_path: Path) -> None:
+    check = BindingCheck("42", "gpu1", [1, 3], str(tmp_path))
+    assert check.cgroup() is False  # not there yet: the job's step has not started
+    cgroup(tmp_path, "42", "c 195:3 rwm\nc 195:1 rwm\nc 195:255 rwm\n")
+    assert check.cgroup() is True
+    assert check.result() == {"status": VERIFIED,
+                              "evidence": ["the job's cgroup allows exactly GPU minors [1, 3]"]}
+
+
+def test_a_cgroup_that_allows_other_gpus_is_a_mismatch(tmp_path: Path) -> None:
+    cgroup(tmp_path, "42", "c 195:2 rwm\n")
+    check = BindingCheck("42", "gpu1", [1], str(tmp_path))
+    check.cgroup()
+    assert check.result()["status"] == MISMATCH
+    assert "allows GPU minors [2], the sampler was bound to [1]" in str(check.result()["evidence"])
+
+
+def test_an_allow_all_cgroup_says_nothing(tmp_path: Path) -> None:
+    cgroup(tmp_path, "42", "a *:* rwm\n")
+    check = BindingCheck("42", "gpu1", [1], str(tmp_path))
+    assert check.cgroup() is True
+    assert check.result()["status"] == UNVERIFIED
+
+
+# --- the job's processes ----------------------------------------------------------------------
+
+def test_a_job_process_on_a_bound_gpu_verifies_and_others_jobs_do_not_count(tmp_path: Path) -> None:
+    check = BindingCheck("42", "gpu1", [1], str(tmp_path))
+    check.processes(1, {500: "7", 501: None}, bound=True)
+    assert check.result()["status"] == UNVERIFIED
+    check.processes(1, {502: "42"}, bound=True)
+    check.processes(1, {502: "42"}, bound=True)  # once is enough
+    assert check.result() == {"status": VERIFIED,
+                              "evidence": ["process 502 of job 42 runs on bound GPU minor 1"]}
+
+
+def test_a_job_process_on_a_gpu_not_bound_is_a_mismatch(tmp_path: Path) -> None:
+    check = BindingCheck("42", "gpu1", [1], str(tmp_path))
+    check.processes(1, {502: "42"}, bound=True)
+    check.processes(2, {503: "42", 504: "7"}, bound=False)
+    result = check.result()
+    assert result["status"] == MISMATCH
+    assert result["evidence"][0] == ("process 503 of job 42 runs on GPU minor 2, which this sampler "
+                                     "was not bound to")
+
+
+def test_the_sampler_looks_at_the_nodes_other_gpus(sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's workload plays on minor 2 while the sampler is bound to minor 0: the
+    summary says mismatch (the workload's pid is this test process; its job is faked)."""
+    from slurm_gpu_eff.node import sampler as sampler_module
+    from slurm_gpu_eff.node.jobenv import JobContext
+
+    sim_node.write_state(2, {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80}}}]},
+                         started_at=sim_node.now - 10, pid=os.getpid())
+    monkeypatch.setattr(sampler_module, "job_of_pid", lambda pid: "4242" if pid == os.getpid() else "")
+    session = sim_node.session()
+    gpus = session.bind([0])
+    job = JobContext(job_id="4242", node="gpu1")
+    sampler = sampler_module.Sampler(job, sim_node.config, gpus, clock=sim_node.clock,
+                                     other_processes=session.other_processes,
+                                     cgroup_root=str(sim_node.state_dir / "no-cgroups"))
+    sampler.sample_once()
+    binding = sampler.snapshot("running").binding
+    assert binding is not None and binding["status"] == MISMATCH
+    assert f"process {os.getpid()} of job 4242 runs on GPU minor 2" in binding["evidence"][0]
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def test_the_report_says_how_far_the_binding_was_checked(make_job: Any, make_summary: Any) -> None:
+    import json
+
+    from slurm_gpu_eff.report.job import build_report
+    from slurm_gpu_eff.report.render import render_json, render_text
+
+    unchecked = build_report(make_job(), [make_summary()])  # a summary from before the check
+    assert unchecked.binding_status == UNVERIFIED
+    assert "GPU Binding: unverified\n" in render_text(unchecked)
+    good = {"status": VERIFIED, "evidence": ["process 9 of job 4242 runs on bound GPU minor 0"]}
+    verified = build_report(make_job(), [make_summary(binding=good)])
+    assert "GPU Binding: verified\n" in render_text(verified)
+    assert json.loads(render_json(verified))["binding"] == {"status": VERIFIED, "nodes": {"gpu1": good}}
+    bad = {"status": MISMATCH, "evidence": ["process 9 of job 4242 runs on GPU minor 2, which this "
+                                            "sampler was not bound to"]}
+    wrong = build_report(make_job(nodelist="gpu[1-2]", nnodes=2),
+                         [make_summary(binding=good), make_summary(node="gpu2", binding=bad)])
+    text = render_text(wrong)
+    assert "GPU Binding: mismatch (the figures may be of another GPU: see the notes)" in text
+    assert ("gpu2: the GPUs measured may not be the job's own: process 9 of job 4242 runs on GPU "
+            "minor 2") in text
+
+
+def test_an_index_slurmd_does_not_list_is_refused_not_guessed(sim_node: Any) -> None:
+    """Where slurmd -G answered, an index missing from its list (a MIG slice whose
+    capability is in no table, say) is an error: index = minor would be a guess."""
+    from slurm_gpu_eff.errors import BindingError
+
+    with pytest.raises(BindingError, match="Slurm's GPU index 2 is not in slurmd's GPU list"):
+        sim_node.session().bind([2], {0: 0, 1: 1})
+    (gpu,) = sim_node.session().bind([2], {})  # slurmd said nothing: gres.conf order, index = minor
+    assert gpu.minor == 2
