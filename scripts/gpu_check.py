@@ -1,0 +1,997 @@
+"""`make gpu-check`: the real sampler against independent measurements on a real GPU.
+
+For a machine with an NVIDIA GPU, PyTorch and nvidia-ml-py but no Slurm (and maybe no
+network): run from the repository root with `PYTHONPATH=. python3 scripts/gpu_check.py`.
+
+It writes a throw-away site (gpueff.conf, spool, store, log in a temporary directory) and
+a job environment as Slurm's prolog would give it, then plays four phases with PyTorch on
+one GPU (idle, back-to-back matrix products, a 1 s square wave of 30% duty, 8 GiB held).
+Each phase runs under a fresh sampler process (a new job), stopped with SIGTERM as the
+epilog does, and its summary is compared with what was measured beside it:
+- nvidia-smi's own readings (`-lms 100`), averaged over the sampler's window;
+- the workload's busy fraction from CUDA events around its kernels;
+- PyTorch's reserved memory plus the context's baseline (seen in the idle phase);
+- the driver's energy counter, read here at the sampler's first and last reading.
+Then the sampler's CPU per GPU-sample against the bare NVML calls it makes per poll.
+Exit 0 whatever the figures say (the table is the result); 2 when there is no GPU,
+PyTorch, CUDA or NVML to check with.
+
+torch and pynvml are imported inside the functions that drive them, so the pure parts
+(parsing, averaging, verdicts, the table) are testable on a machine without either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GIB = 2**30
+MIB = 2**20
+NODE = "gpucheck"
+SUMMARY = "summary.json"  # what the sampler checkpoints into its job directory
+FIRST_JOB_ID = 900001
+
+# The phases: (name, seconds). --quick plays them a third as long.
+PHASES = (("idle", 10.0), ("busy", 15.0), ("square", 20.0), ("memory", 10.0))
+SQUARE_PERIOD_S = 1.0
+SQUARE_DUTY = 0.3
+MATMUL_SIZE = 8192
+HOLD_BYTES = 8 * GIB
+SAMPLER_INTERVAL_S = 0.2
+# The CPU figure: a poll costs the same whatever the interval, and at 0.2 s a few
+# seconds cost less CPU than rusage resolves against the start-up, so as bench/run.py.
+CPU_INTERVAL_S = 0.02
+CPU_RUN_S = 6.0
+BARE_READS = 250
+
+# Verdict thresholds.
+UTIL_POINTS = 5.0  # sampler vs nvidia-smi, and vs the CUDA events' busy fraction
+MEM_BYTES = 256 * MIB  # sampler's peak vs PyTorch's reserved peak + the context's baseline
+ENERGY_FRACTION = 0.03  # sampler vs the driver's counter, read beside it
+POWER_FRACTION, POWER_W = 0.05, 5.0  # sampler vs nvidia-smi: 5% or 5 W, whichever is larger
+CPU_MS, CPU_RATIO = 1.0, 1.5  # the bench's bar (issue #7)
+
+SMI_QUERY = "index,utilization.gpu,memory.used,power.draw"
+
+
+class Unavailable(Exception):
+    """Nothing to check with (no GPU, driver, PyTorch or CUDA): exit 2 with this message."""
+
+
+# --- pure parts: nvidia-smi lines, interval means, summaries, verdicts, the table ---------
+
+
+@dataclass
+class SmiRow:
+    """One nvidia-smi line; None where it printed [N/A] or [Not Supported]."""
+
+    time: float  # when we read the line (epoch seconds: the sampler's clock)
+    index: int
+    util: float | None
+    mem_mib: float | None
+    power_w: float | None
+
+
+def smi_number(text: str) -> float | None:
+    try:
+        value = float(text.strip())
+    except ValueError:  # [N/A], [Not Supported], [Unknown Error], ...
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_smi_line(line: str, at: float) -> SmiRow | None:
+    """`index, util, memory MiB, power W` (csv,noheader,nounits); None for anything else
+    nvidia-smi may print between readings (warnings, errors, blank lines)."""
+    fields = [f.strip() for f in line.strip().split(",")]
+    if len(fields) != 4 or not (fields[0].isascii() and fields[0].isdigit()):
+        return None
+    return SmiRow(at, int(fields[0]), smi_number(fields[1]), smi_number(fields[2]),
+                  smi_number(fields[3]))
+
+
+def parse_smi_lines(lines: list[tuple[float, str]]) -> list[SmiRow]:
+    rows = [parse_smi_line(text, at) for at, text in lines]
+    return [row for row in rows if row is not None]
+
+
+def interval_values(rows: list[SmiRow], name: str, start: float, end: float) -> list[float]:
+    """The readings of `name` taken in [start, end], the ones nvidia-smi could give."""
+    found = (getattr(row, name) for row in rows if start <= row.time <= end)
+    return [value for value in found if value is not None]
+
+
+def interval_mean(rows: list[SmiRow], name: str, start: float, end: float) -> float | None:
+    # A plain mean: nvidia-smi reads at a steady -lms, so each line stands for equal time.
+    values = interval_values(rows, name, start, end)
+    return sum(values) / len(values) if values else None
+
+
+def interval_max(rows: list[SmiRow], name: str, start: float, end: float) -> float | None:
+    return max(interval_values(rows, name, start, end), default=None)
+
+
+@dataclass
+class Played:
+    """What the workload did in a phase, by its own account."""
+
+    wall_s: float
+    busy_s: float  # summed CUDA event time of its kernels
+    allocated_bytes: int  # PyTorch's peaks over the phase
+    reserved_bytes: int
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    wall_s: float | None = None
+    busy_fraction: float | None = None
+    torch_allocated_bytes: int | None = None
+    torch_reserved_bytes: int | None = None
+    status: str = ""  # the sampler summary's status ("complete" when all went well)
+    reason: str = ""
+    samples: int = 0
+    sampled_from: float | None = None
+    sampled_until: float | None = None
+    util: float | None = None
+    mem_max_bytes: float | None = None
+    power_w: float | None = None
+    energy_j: float | None = None
+    counter_energy_j: float | None = None  # the driver's counter, read beside the sampler
+    smi_rows: int | None = None  # None: no nvidia-smi
+    smi_util: float | None = None
+    smi_mem_max_bytes: float | None = None
+    smi_power_w: float | None = None
+    sampler_cpu_s: float | None = None
+
+
+def metric(gpu: dict[str, Any], name: str, stat: str) -> float | None:
+    values = gpu.get("metrics", {}).get(name)
+    return None if values is None else values.get(stat)
+
+
+def phase_result(
+    name: str, played: Played | None, summary: dict[str, Any] | None, counter_j: float | None,
+    smi: list[SmiRow] | None, cpu_s: float | None = None,
+) -> PhaseResult:
+    """One phase's figures side by side; nvidia-smi's over the sampler's own window, so
+    both average the same stretch of time."""
+    result = PhaseResult(name, counter_energy_j=counter_j, sampler_cpu_s=cpu_s)
+    if played is not None:
+        result.wall_s = played.wall_s
+        result.busy_fraction = played.busy_s / played.wall_s if played.wall_s > 0 else None
+        result.torch_allocated_bytes = played.allocated_bytes
+        result.torch_reserved_bytes = played.reserved_bytes
+    if summary is None:
+        result.status, result.reason = "none", "the sampler wrote no summary"
+        return result
+    result.status, result.reason = summary.get("status", "?"), summary.get("reason", "")
+    result.sampled_from, result.sampled_until = summary.get("sampled_from"), summary.get("sampled_until")
+    gpus = summary.get("gpus") or []
+    if gpus:
+        gpu = gpus[0]
+        result.samples = int(gpu.get("samples", 0))
+        result.util = metric(gpu, "util", "mean")
+        result.mem_max_bytes = metric(gpu, "mem_used_bytes", "max")
+        result.power_w = metric(gpu, "power_w", "mean")
+        result.energy_j = gpu.get("energy_j")
+    if smi is not None:
+        start, end = result.sampled_from, result.sampled_until
+        result.smi_rows = 0
+        if start is not None and end is not None:
+            result.smi_rows = sum(1 for row in smi if start <= row.time <= end)
+            result.smi_util = interval_mean(smi, "util", start, end)
+            top = interval_max(smi, "mem_mib", start, end)
+            result.smi_mem_max_bytes = None if top is None else top * MIB
+            result.smi_power_w = interval_mean(smi, "power_w", start, end)
+    return result
+
+
+def context_baseline(results: list[PhaseResult]) -> float | None:
+    """Device memory that is not PyTorch's (CUDA context, loaded kernels, cuBLAS): the
+    sampler's peak in the idle phase less PyTorch's reserved bytes then."""
+    for result in results:
+        used, reserved = result.mem_max_bytes, result.torch_reserved_bytes
+        if result.name == "idle" and used is not None and reserved is not None:
+            return used - reserved
+    return None
+
+
+def expected_memory(result: PhaseResult, baseline: float | None) -> float | None:
+    if baseline is None or result.torch_reserved_bytes is None:
+        return None
+    return result.torch_reserved_bytes + baseline
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: not checked (a figure is missing)
+    detail: str
+
+
+def check(
+    name: str, value: float | None, reference: float | None, limit: float, unit: str, scale: float = 1.0,
+) -> Check:
+    """|value - reference| <= limit, or not checked when either is missing."""
+    if value is None or reference is None:
+        return Check(name, None, "not measured")
+    apart = abs(value - reference)
+    return Check(name, apart <= limit, f"{apart / scale:.1f} {unit} apart (limit {limit / scale:.1f})")
+
+
+def phase_checks(result: PhaseResult, baseline: float | None) -> list[Check]:
+    checks = [Check("sampler", result.status == "complete" and result.samples > 1,
+                    f"status {result.status or '?'}, {result.samples} samples {result.reason}".strip())]
+    checks.append(check("util/smi", result.util, result.smi_util, UTIL_POINTS, "points"))
+    busy = None if result.busy_fraction is None else 100 * result.busy_fraction
+    checks.append(check("util/events", result.util, busy, UTIL_POINTS, "points"))
+    if result.name != "idle":  # the idle phase defines the baseline: nothing to compare
+        checks.append(check("memory", result.mem_max_bytes, expected_memory(result, baseline),
+                            MEM_BYTES, "MiB", MIB))
+    counter = result.counter_energy_j
+    if result.energy_j is None or counter is None or counter <= 0:
+        checks.append(Check("energy", None, "not measured"))
+    else:
+        off = abs(result.energy_j - counter) / counter
+        checks.append(Check("energy", off <= ENERGY_FRACTION,
+                            f"{100 * off:.1f}% apart (limit {100 * ENERGY_FRACTION:g}%)"))
+    smi_power = result.smi_power_w
+    limit = max(POWER_FRACTION * (smi_power or 0.0), POWER_W)
+    checks.append(check("power/smi", result.power_w, smi_power, limit, "W"))
+    return checks
+
+
+def verdict(checks: list[Check]) -> str:
+    failed = [c.name for c in checks if c.ok is False]
+    return "ok" if not failed else "OFF: " + ", ".join(failed)
+
+
+@dataclass
+class CpuFigure:
+    per_sample_s: float | None  # sampler CPU per GPU-sample, start-up taken out
+    bare_s: float | None  # the same NVML calls, in-process
+    samples: int
+    calls: int  # NVML calls per poll in the bare loop
+    pids: list[int] | None = None  # compute processes on the GPU while measured
+
+
+def cpu_per_sample(run_cpu_s: float, run_samples: int, idle_cpu_s: float, idle_samples: int) -> float | None:
+    """A run's CPU per GPU-sample less what a run stopped after its first reading costs
+    (interpreter start, imports, nvmlInit): the cost of a poll alone."""
+    samples = run_samples - idle_samples
+    return (run_cpu_s - idle_cpu_s) / samples if samples > 0 else None
+
+
+def cpu_check(cpu: CpuFigure) -> Check:
+    if cpu.per_sample_s is None or not cpu.bare_s:
+        return Check("cpu", None, "not measured")
+    ratio = cpu.per_sample_s / cpu.bare_s
+    return Check("cpu", cpu.per_sample_s <= CPU_MS / 1000 and ratio <= CPU_RATIO,
+                 f"{cpu.per_sample_s * 1000:.3f} ms, {ratio:.2f}x (limits {CPU_MS:g} ms, {CPU_RATIO:g}x)")
+
+
+def num(value: float | None, digits: int = 1, scale: float = 1.0) -> str:
+    return "-" if value is None else f"{value / scale:.{digits}f}"
+
+
+HEADER = (
+    f"{'':14s}{'utilisation %':^23s}{'memory used GiB':^26s}{'energy J':^19s}{'power W':^16s}\n"
+    f"{'phase':7s}{'secs':>6s} {'sampler':>8s}{'smi':>7s}{'events':>8s} {'sampler':>8s}{'smi':>7s}"
+    f"{'torch+ctx':>10s} {'sampler':>9s}{'counter':>9s} {'sampler':>8s}{'smi':>7s}  verdict"
+)
+
+
+def table_row(result: PhaseResult, baseline: float | None) -> str:
+    busy = None if result.busy_fraction is None else 100 * result.busy_fraction
+    return (
+        f"{result.name:7s}{num(result.wall_s):>6s} {num(result.util):>8s}{num(result.smi_util):>7s}"
+        f"{num(busy):>8s} {num(result.mem_max_bytes, 2, GIB):>8s}{num(result.smi_mem_max_bytes, 2, GIB):>7s}"
+        f"{num(expected_memory(result, baseline), 2, GIB):>10s} {num(result.energy_j, 0):>9s}"
+        f"{num(result.counter_energy_j, 0):>9s} {num(result.power_w):>8s}{num(result.smi_power_w):>7s}"
+        f"  {verdict(phase_checks(result, baseline))}"
+    )
+
+
+LEGEND = (
+    f"checks: util/smi |sampler - nvidia-smi| <= {UTIL_POINTS:g} points; util/events |sampler - "
+    f"CUDA-event busy| <= {UTIL_POINTS:g} points;\n"
+    f"        memory |sampler peak - (PyTorch reserved peak + context)| <= {MEM_BYTES // MIB} MiB; "
+    f"energy |sampler - driver counter| <= {100 * ENERGY_FRACTION:g}%;\n"
+    f"        power/smi <= {100 * POWER_FRACTION:g}% or {POWER_W:g} W; sampler: summary complete, "
+    f"more than one sample"
+)
+
+
+def cpu_line(cpu: CpuFigure) -> str:
+    result = cpu_check(cpu)
+    if result.ok is None:
+        return "sampler CPU per GPU-sample: not measured"
+    per, bare = cpu.per_sample_s or 0.0, cpu.bare_s or 0.0
+    return (
+        f"sampler CPU per GPU-sample: {per * 1000:.3f} ms = {per / bare:.2f}x its bare NVML calls "
+        f"({bare * 1000:.3f} ms); target <= {CPU_MS:g} ms and <= {CPU_RATIO:g}x: "
+        f"{'ok' if result.ok else 'OFF'}\n"
+        f"  ({cpu.samples} samples at {CPU_INTERVAL_S * 1000:g} ms, less a sampler stopped after its "
+        f"first reading; bare: {cpu.calls} calls a poll, in-process)"
+    )
+
+
+def format_table(results: list[PhaseResult], cpu: CpuFigure, notes: list[str], title: str = "") -> str:
+    baseline = context_baseline(results)
+    lines = [title] if title else []
+    lines += [HEADER, *(table_row(r, baseline) for r in results), "", cpu_line(cpu), "", LEGEND]
+    if baseline is not None:
+        lines.append(f"torch+ctx = PyTorch's reserved peak + the context's {baseline / MIB:.0f} MiB "
+                     f"(the sampler's idle peak less PyTorch's reserved bytes then)")
+    for result in results:
+        for item in phase_checks(result, baseline):
+            if item.ok is False:
+                lines.append(f"  {result.name} {item.name}: {item.detail}")
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def report_json(
+    results: list[PhaseResult], cpu: CpuFigure, notes: list[str], gpu: dict[str, Any],
+) -> dict[str, Any]:
+    baseline = context_baseline(results)
+    return {
+        "gpu": gpu, "context_baseline_bytes": baseline, "notes": notes,
+        "phases": [
+            {**asdict(r), "expected_mem_bytes": expected_memory(r, baseline),
+             "verdict": verdict(phase_checks(r, baseline)),
+             "checks": [asdict(c) for c in phase_checks(r, baseline)]}
+            for r in results
+        ],
+        "cpu": {**asdict(cpu), "check": asdict(cpu_check(cpu))},
+    }
+
+
+# --- the site: config, job environment, sampler processes --------------------------------
+
+
+def write_site(root: Path, python: str, interval_s: float, minor: int) -> dict[str, str]:
+    """A gpueff.conf under `root` and the environment Slurm's prolog would give the sampler.
+    No [gpu] library: pynvml loads the driver's libnvidia-ml.so.1, as on a site.
+    checkpoint_s is long so a phase sees only the first and the final checkpoints: a live
+    copy (due at min(live_s, checkpoint_s)) would start the store's delivery, which needs
+    sqlite-utils, and would add CPU the per-sample figure must not count."""
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "gpueff.conf"
+    config.write_text(
+        f"[sampler]\ninterval_s = {interval_s}\ncheckpoint_s = 60\nlive_s = 3600\n"
+        f"[spool]\ndir = {root}/spool/%n\n[store]\npath = {root}/store.db\n"
+        f"[log]\nfile = {root}/log/%n.log\n[hooks]\npython = {python}\n",
+        encoding="utf-8",
+    )
+    # Slurm's variables from a job this might run inside must not leak into ours.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(GPUEFF_CONFIG=str(config), SLURMD_NODENAME=NODE, SLURM_JOB_GPUS=str(minor),
+               SLURM_CLUSTER_NAME=NODE, SLURM_JOB_USER=user_name())
+    return env
+
+
+def user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        return str(os.getuid())
+
+
+# `python -I -m slurm_gpu_eff.node.sampler`, as the prolog starts it, finds the package only
+# where it is installed: -I ignores PYTHONPATH and the current directory. Here the
+# repository is only copied, so the same module runs as __main__ with the repository first
+# on sys.path, keeping -I's isolation from the rest of the environment.
+BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "runpy.run_module('slurm_gpu_eff.node.sampler', run_name='__main__', alter_sys=True)")
+
+
+def sampler_command(python: list[str], job_dir: Path) -> list[str]:
+    return [*python, "-c", BOOT, str(REPO), str(job_dir)]
+
+
+def sampler_python(python: str) -> list[str]:
+    """The interpreter and flags the sampler runs with: isolated (-I) where it finds pynvml
+    so; without -I where pynvml is only in the user's site-packages (which -I hides)."""
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); import pynvml, slurm_gpu_eff.node.sampler"
+    error = ""
+    for flags in (["-I"], []):
+        try:
+            done = subprocess.run([python, *flags, "-c", probe, str(REPO)], capture_output=True,
+                                  text=True, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise Unavailable(f"cannot run the sampler's interpreter {python}: {exc}") from exc
+        if done.returncode == 0:
+            return [python, *flags]
+        error = (done.stderr.strip().splitlines() or ["?"])[-1]
+    raise Unavailable(f"the sampler's interpreter {python} cannot import what it needs: {error}")
+
+
+class SamplerProcess:
+    """A sampler child, reaped with os.wait4 for its rusage (Popen.wait would discard it)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], stderr_path: Path) -> None:
+        with open(stderr_path, "ab") as stderr:
+            self.popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=stderr, stderr=stderr)
+        self.cpu_s: float | None = None
+
+    def exited(self) -> bool:
+        if self.cpu_s is None:
+            pid, status, usage = os.wait4(self.popen.pid, os.WNOHANG)
+            if pid == 0:
+                return False
+            self.popen.returncode = os.waitstatus_to_exitcode(status)
+            self.cpu_s = usage.ru_utime + usage.ru_stime
+        return True
+
+    def wait_for(self, path: Path, timeout_s: float) -> bool:
+        """Until `path` exists (its first checkpoint follows its first reading)."""
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if self.exited() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stop(self, wait_s: float = 15.0) -> float | None:
+        """SIGTERM, as the epilog does (the sampler reads once more and flushes); SIGKILL
+        after `wait_s`. Returns the child's CPU seconds."""
+        if not self.exited():
+            self.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while not self.exited():
+            if time.monotonic() > deadline:
+                self.popen.kill()
+                deadline = math.inf
+            time.sleep(0.005)
+        return self.cpu_s
+
+
+@dataclass
+class Site:
+    root: Path
+    python: list[str]
+    env: dict[str, str]
+    next_job: int = FIRST_JOB_ID
+
+    def run(
+        self, play: Callable[[], Played | None], counter_j: Callable[[], float | None],
+    ) -> tuple[dict[str, Any] | None, Played | None, float | None, float | None]:
+        """A fresh sampler (a new job) around `play`: (its summary, what was played, the
+        driver's energy counter difference over the sampler's window, its CPU seconds)."""
+        job_id = str(self.next_job)
+        self.next_job += 1
+        job_dir = self.root / "spool" / NODE / "jobs" / job_id
+        job_dir.mkdir(parents=True)
+        child = SamplerProcess(sampler_command(self.python, job_dir),
+                               {**self.env, "SLURM_JOB_ID": job_id}, self.root / "sampler.stderr")
+        played, before, after = None, None, None
+        try:
+            if child.wait_for(job_dir / SUMMARY, 60):
+                before = counter_j()  # just after its first reading
+                played = play()
+        finally:
+            cpu_s = child.stop()
+            after = counter_j()  # just after its final reading and flush
+        summary = read_json(job_dir / SUMMARY)
+        energy = None if before is None or after is None else after - before
+        return summary, played, energy, cpu_s
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def summary_samples(summary: dict[str, Any] | None) -> int:
+    return sum(int(g.get("samples", 0)) for g in (summary or {}).get("gpus", []))
+
+
+# --- nvidia-smi beside the sampler ----------------------------------------------------------
+
+
+class SmiWatch:
+    """nvidia-smi's readings, each stamped with the time its line arrives.
+
+    Its output goes to a pseudo-terminal, not a pipe: into a pipe its stdio would buffer
+    in blocks (hundreds of lines, tens of seconds), and the arrival time is the timestamp.
+    """
+
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.lines: list[tuple[float, str]] = []
+        self.note = ""
+        self.process: subprocess.Popen[bytes] | None = None
+        self.thread: threading.Thread | None = None
+        self.master = -1
+
+    def start(self) -> None:
+        if shutil.which(self.command[0]) is None:
+            self.note = f"{self.command[0]} not found: its columns are empty"
+            return
+        self.master, slave = os.openpty()
+        try:
+            self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=slave,
+                                            stderr=slave)
+        except OSError as exc:
+            os.close(self.master)
+            self.note = f"{self.command[0]} cannot start: {exc}"
+            return
+        finally:
+            os.close(slave)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: the child closed the terminal (it exited)
+                break
+            if not chunk:
+                break
+            at = time.time()
+            *complete, pending = (pending + chunk).split(b"\n")
+            self.lines.extend((at, line.decode("utf-8", "replace").strip()) for line in complete)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        os.close(self.master)
+        if not self.rows():
+            said = next((text for _, text in reversed(self.lines) if text), "no output")
+            self.note = f"{self.command[0]} gave no readings: {said}"
+        self.process = None
+
+    def rows(self) -> list[SmiRow]:
+        return parse_smi_lines(list(self.lines))
+
+
+def smi_command(gpu: str, interval_ms: int = 100) -> list[str]:
+    return ["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits",
+            "-i", gpu, "-lms", str(interval_ms)]
+
+
+# --- the GPU through pynvml ----------------------------------------------------------------
+
+
+@dataclass
+class GpuInfo:
+    nvml: Any
+    handle: Any
+    index: int
+    minor: int
+    uuid: str
+    name: str
+    driver: str
+
+    def energy_j(self) -> float | None:
+        try:
+            return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)) / 1000.0
+        except self.nvml.NVMLError:
+            return None
+
+    def pids(self) -> list[int] | None:
+        try:
+            return [int(p.pid) for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)]
+        except self.nvml.NVMLError:
+            return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"index": self.index, "minor": self.minor, "uuid": self.uuid, "name": self.name,
+                "driver": self.driver}
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def open_gpu(index: int) -> GpuInfo:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise Unavailable("pynvml is not installed (nvidia-ml-py)") from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise Unavailable(f"no NVIDIA GPU here: NVML cannot start ({exc})") from exc
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if not 0 <= index < count:
+            raise Unavailable(f"no GPU with NVML index {index} (this machine has {count})")
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return GpuInfo(pynvml, handle, index, int(pynvml.nvmlDeviceGetMinorNumber(handle)),
+                       text(pynvml.nvmlDeviceGetUUID(handle)), text(pynvml.nvmlDeviceGetName(handle)),
+                       text(pynvml.nvmlSystemGetDriverVersion()))
+    except pynvml.NVMLError as exc:
+        raise Unavailable(f"cannot read GPU {index} through NVML: {exc}") from exc
+
+
+def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float | None, int]:
+    """CPU per poll of the NVML calls the sampler makes for one GPU (bench/run.py's list,
+    plus the utilisation rates it asks for when no new driver sample came), through plain
+    pynvml in this process. Calls this GPU does not support are left out, as the sampler
+    stops making them. Returns (CPU seconds per poll, calls per poll)."""
+    nvml, handle = gpu.nvml, gpu.handle
+    last = {1: 0, 2: 0}  # the newest driver sample seen, per kind, as the sampler passes it
+
+    def samples(kind: int) -> bool:
+        """True when the driver had a sample newer than the last one seen."""
+        try:
+            _, found = nvml.nvmlDeviceGetSamples(handle, kind, last[kind])
+        except nvml.NVMLError_NotFound:
+            return False
+        except nvml.NVMLError as exc:
+            if exc.value != 0:  # pynvml raises NVMLError(SUCCESS) when there is none new
+                raise
+            return False
+        last[kind] = max([last[kind], *(int(s.timeStamp) for s in found)])
+        return bool(found)
+
+    def rates() -> object:
+        return nvml.nvmlDeviceGetUtilizationRates(handle)
+
+    calls: list[Callable[[], object]] = [
+        lambda: nvml.nvmlDeviceGetMemoryInfo(handle, nvml.nvmlMemory_v2),
+        lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle),
+        lambda: nvml.nvmlDeviceGetPowerUsage(handle),
+        lambda: nvml.nvmlDeviceGetTemperatureV(handle, 0),
+        lambda: nvml.nvmlDeviceGetClockInfo(handle, 1),
+        lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle),
+        lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle),
+        lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0),
+    ]
+    calls = [call for call in calls if supported(nvml, call)]
+    has_samples = supported(nvml, lambda: samples(1)) and supported(nvml, lambda: samples(2))
+    has_rates = supported(nvml, rates)
+    gpm = gpm_pair(nvml, handle)
+    gpm_at = time.time()
+    start = time.process_time()
+    for _ in range(reads):
+        time.sleep(interval_s)  # the driver's buffer fills as between the sampler's polls
+        new = has_samples and samples(1)
+        if has_samples:
+            samples(2)
+        if not new and has_rates:
+            rates()
+        for call in calls:
+            call()
+        if gpm is not None and time.time() - gpm_at > 0.1:  # the sampler's GPM pairs > 100 ms apart
+            gpm_metrics(nvml, handle, gpm)
+            gpm_at = time.time()
+    per_poll = (time.process_time() - start) / reads if reads else None
+    return per_poll, len(calls) + (2 if has_samples else 0) + (1 if has_rates else 0)
+
+
+def supported(nvml: Any, call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except (nvml.NVMLError, nvml.NVMLLibraryMismatchError, AttributeError):
+        return False
+    return True
+
+
+GPM_METRIC_IDS = (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61)
+
+
+def gpm_pair(nvml: Any, handle: Any) -> list[Any] | None:
+    try:
+        if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+            return None
+        pair = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        nvml.nvmlGpmSampleGet(handle, pair[0])
+    except (nvml.NVMLError, AttributeError):
+        return None
+    return pair
+
+
+def gpm_metrics(nvml: Any, handle: Any, pair: list[Any]) -> None:
+    first, second = pair
+    nvml.nvmlGpmSampleGet(handle, second)
+    request = nvml.c_nvmlGpmMetricsGet_t()
+    request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics, request.sample1, request.sample2 = len(GPM_METRIC_IDS), first, second
+    for slot, metric_id in zip(request.metrics, GPM_METRIC_IDS, strict=False):
+        slot.metricId = metric_id
+    nvml.nvmlGpmMetricsGet(request)
+    pair.reverse()
+
+
+# --- the workload: PyTorch on the GPU --------------------------------------------------------
+
+
+def import_torch() -> Any:
+    # CUDA numbers devices fastest first unless told otherwise; NVML in PCI order. Set
+    # before torch starts CUDA, so index fallbacks agree (UUIDs are matched first anyway).
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    try:
+        import torch
+    except ImportError as exc:
+        raise Unavailable(f"PyTorch (torch) is not installed for {sys.executable}") from exc
+    except Exception as exc:  # a broken install (missing CUDA libraries): still no traceback
+        raise Unavailable(f"PyTorch (torch) cannot be imported: {exc}") from exc
+    if not torch.cuda.is_available():
+        raise Unavailable(f"PyTorch {torch.__version__} sees no CUDA GPU")
+    return torch
+
+
+def torch_index(torch: Any, gpu: GpuInfo) -> int:
+    """The CUDA device that is NVML's GPU, by UUID (CUDA_VISIBLE_DEVICES may renumber)."""
+    wanted = gpu.uuid.lower().removeprefix("gpu-")
+    uuids = [getattr(torch.cuda.get_device_properties(i), "uuid", None)
+             for i in range(torch.cuda.device_count())]
+    for i, uuid in enumerate(uuids):
+        if uuid is not None and str(uuid).lower().removeprefix("gpu-") == wanted:
+            return i
+    if all(u is None for u in uuids) and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        return gpu.index  # an old PyTorch without UUIDs: PCI order on both sides
+    raise Unavailable(f"GPU {gpu.index} ({gpu.uuid}) is not visible to PyTorch "
+                      f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+
+
+class Workload:
+    """The phases, played with PyTorch on one device; busy time from CUDA events."""
+
+    def __init__(self, torch: Any, index: int) -> None:
+        self.torch = torch
+        self.device = torch.device("cuda", index)
+        torch.cuda.set_device(self.device)
+        self.dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # Warm up before the idle phase, so cuBLAS's handle, workspace and kernels are part
+        # of the idle baseline and later phases differ from it by PyTorch's tensors only.
+        self.matmul_s = self.calibrate()
+        self.release()
+
+    def event(self) -> Any:
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def operands(self) -> tuple[Any, Any, Any]:
+        shape = (MATMUL_SIZE, MATMUL_SIZE)
+        a = self.torch.randn(shape, device=self.device, dtype=self.dtype)
+        b = self.torch.randn(shape, device=self.device, dtype=self.dtype)
+        return a, b, self.torch.empty(shape, device=self.device, dtype=self.dtype)
+
+    def matmuls(self, count: int, a: Any, b: Any, out: Any) -> None:
+        for _ in range(count):
+            self.torch.matmul(a, b, out=out)
+
+    def calibrate(self) -> float:
+        """Seconds one matrix product takes, to size bursts without syncing mid-burst."""
+        a, b, c = self.operands()
+        self.matmuls(3, a, b, c)
+        begin, end = self.event(), self.event()
+        begin.record()
+        self.matmuls(20, a, b, c)
+        end.record()
+        end.synchronize()
+        return float(begin.elapsed_time(end)) / 1000 / 20
+
+    def release(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+        self.torch.cuda.empty_cache()
+
+    def play(self, name: str, seconds: float) -> Played:
+        torch = self.torch
+        torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.monotonic()
+        busy_s = getattr(self, f"play_{name}")(seconds)
+        wall = time.monotonic() - start
+        return Played(wall, busy_s, int(torch.cuda.max_memory_allocated(self.device)),
+                      int(torch.cuda.max_memory_reserved(self.device)))
+
+    def play_idle(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return 0.0
+
+    def play_busy(self, seconds: float) -> float:
+        """Back-to-back products. The loop waits on the chunk two back: the GPU always has
+        work queued, and the host cannot run ahead by the launch queue's thousand kernels,
+        which would stretch the phase by seconds past its end."""
+        a, b, c = self.operands()
+        chunk = max(1, round(0.2 / self.matmul_s))
+        begin, end = self.event(), self.event()
+        begin.record()
+        marks: list[Any] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.matmuls(chunk, a, b, c)
+            marks.append(self.event())
+            marks[-1].record()
+            if len(marks) > 2:
+                marks.pop(0).synchronize()
+        end.record()
+        end.synchronize()
+        return float(begin.elapsed_time(end)) / 1000
+
+    def play_square(self, seconds: float) -> float:
+        """Each period: a burst of SQUARE_DUTY of it, a sync, then sleep to the period's end."""
+        a, b, c = self.operands()
+        burst = max(1, round(SQUARE_DUTY * SQUARE_PERIOD_S / self.matmul_s))
+        busy = 0.0
+        start = time.monotonic()
+        for period in range(max(1, round(seconds / SQUARE_PERIOD_S))):
+            begin, end = self.event(), self.event()
+            begin.record()
+            self.matmuls(burst, a, b, c)
+            end.record()
+            end.synchronize()
+            busy += float(begin.elapsed_time(end)) / 1000
+            time.sleep(max(0.0, start + (period + 1) * SQUARE_PERIOD_S - time.monotonic()))
+        return busy
+
+    def play_memory(self, seconds: float) -> float:
+        """HOLD_BYTES allocated and touched (half the free memory on a smaller GPU), held idle."""
+        free, _ = self.torch.cuda.mem_get_info(self.device)
+        size = min(HOLD_BYTES, free // 2)
+        start = time.monotonic()
+        held = self.torch.empty(size, dtype=self.torch.uint8, device=self.device)
+        begin, end = self.event(), self.event()
+        begin.record()
+        held.fill_(1)  # touched: the pages are the GPU's, whatever the driver defers
+        end.record()
+        end.synchronize()
+        time.sleep(max(0.0, seconds - (time.monotonic() - start)))
+        del held
+        return float(begin.elapsed_time(end)) / 1000
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def measure_cpu(root: Path, python: list[str], gpu: GpuInfo, run_s: float, reads: int) -> CpuFigure:
+    """Sampler CPU per GPU-sample (start-up taken out) against its bare NVML calls. Run
+    before PyTorch opens the GPU: a process outside any Slurm job would make the sampler
+    treat the GPU as shared and add per-process calls no ordinary job's poll makes."""
+    site = Site(root, python, write_site(root, python[0], CPU_INTERVAL_S, gpu.minor))
+    pids = gpu.pids()
+
+    def wait(seconds: float) -> Callable[[], None]:
+        return lambda: time.sleep(seconds)
+
+    site.run(wait(0.0), gpu.energy_j)  # warm-up: bytecode caches, the driver's state
+    idle, _, _, idle_cpu = site.run(wait(0.0), gpu.energy_j)
+    summary, _, _, run_cpu = site.run(wait(run_s), gpu.energy_j)
+    per_sample = None
+    if idle_cpu is not None and run_cpu is not None:
+        per_sample = cpu_per_sample(run_cpu, summary_samples(summary), idle_cpu, summary_samples(idle))
+    bare, calls = bare_reads_cpu(gpu, reads, CPU_INTERVAL_S)
+    return CpuFigure(per_sample, bare, summary_samples(summary), calls, pids)
+
+
+def phase_player(workload: Workload, name: str, seconds: float) -> Callable[[], Played]:
+    return lambda: workload.play(name, seconds)
+
+
+def play_phases(
+    site: Site, workload: Workload, gpu: GpuInfo, scale: float,
+) -> tuple[list[PhaseResult], SmiWatch]:
+    smi = SmiWatch(smi_command(gpu.uuid))
+    smi.start()
+    played_runs = []
+    try:
+        for name, seconds in PHASES:
+            print(f"gpu-check: phase {name} ({seconds * scale:g} s)", file=sys.stderr, flush=True)
+            summary, played, counter, cpu_s = site.run(phase_player(workload, name, seconds * scale),
+                                                       gpu.energy_j)
+            workload.release()
+            played_runs.append((name, summary, played, counter, cpu_s))
+    finally:
+        smi.stop()
+    rows = smi.rows() if smi.note == "" else None
+    results = [phase_result(name, played, summary, counter, rows, cpu_s)
+               for name, summary, played, counter, cpu_s in played_runs]
+    return results, smi
+
+
+def notes_for(results: list[PhaseResult], smi: SmiWatch, cpu: CpuFigure) -> list[str]:
+    notes = [smi.note] if smi.note else []
+    for result in results:
+        if result.status != "complete":
+            why = result.reason or "see sampler.log"
+            notes.append(f"{result.name}: sampler summary {result.status}: {why}")
+    if cpu.pids:
+        own = " (this one among them)" if os.getpid() in cpu.pids else ""
+        notes.append(f"{len(cpu.pids)} process(es){own} had the GPU open while the CPU figure was taken: "
+                     f"the sampler then reads per-process utilisation too")
+    notes.append("the sampler counts this check's own PyTorch process as outside any Slurm job "
+                 "(there is no job cgroup here), so its summaries mark the GPU as shared")
+    return notes
+
+
+def save(out: Path, site_root: Path, report: dict[str, Any], table: str, smi: SmiWatch) -> None:
+    """The table as text and JSON, and the raw material: nvidia-smi's lines with their
+    arrival times, each sampler summary, the sampler log and stderr, the config."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out / "gpu_check.txt").write_text(table + "\n", encoding="utf-8")
+    (out / "nvidia-smi.log").write_text("".join(f"{at:.3f} {line}\n" for at, line in smi.lines),
+                                        encoding="utf-8")
+    for phase, job_dir in zip((n for n, _ in PHASES), sorted((site_root / "spool" / NODE / "jobs").iterdir()),
+                              strict=False):
+        if (job_dir / SUMMARY).exists():
+            shutil.copy(job_dir / SUMMARY, out / f"summary-{phase}-{job_dir.name}.json")
+    for source, target in (("gpueff.conf", "gpueff.conf"), ("sampler.stderr", "sampler.stderr"),
+                           (f"log/{NODE}.log", "sampler.log")):
+        if (site_root / source).exists():
+            shutil.copy(site_root / source, out / target)
+
+
+def check_gpu(args: argparse.Namespace) -> int:
+    scale = 1 / 3 if args.quick else 1.0
+    torch = import_torch()
+    gpu = open_gpu(args.gpu)
+    index = torch_index(torch, gpu)
+    python = sampler_python(args.python)
+    with tempfile.TemporaryDirectory(prefix="gpueff-gpu-check-") as tmp:
+        root = Path(tmp)
+        print(f"gpu-check: {gpu.name} (NVML {gpu.index}, minor {gpu.minor}); sampler CPU first",
+              file=sys.stderr, flush=True)
+        cpu = measure_cpu(root / "cpu", python, gpu, CPU_RUN_S * scale, round(BARE_READS * scale))
+        workload = Workload(torch, index)
+        site = Site(root / "phases", python, write_site(root / "phases", python[0], SAMPLER_INTERVAL_S,
+                                                        gpu.minor))
+        results, smi = play_phases(site, workload, gpu, scale)
+        notes = notes_for(results, smi, cpu)
+        title = (f"gpu-check: {gpu.name}, NVML index {gpu.index}, minor {gpu.minor}, {gpu.uuid}, "
+                 f"driver {gpu.driver}\nPyTorch {torch.__version__} on cuda:{index}: "
+                 f"{str(workload.dtype).removeprefix('torch.')} {MATMUL_SIZE}^2 products of "
+                 f"{workload.matmul_s * 1000:.2f} ms; sampler every {SAMPLER_INTERVAL_S:g} s\n")
+        table = format_table(results, cpu, notes, title)
+        print(table)
+        if args.out:
+            info = {**gpu.describe(), "torch": torch.__version__, "cuda_index": index,
+                    "dtype": str(workload.dtype), "matmul_s": workload.matmul_s, "scale": scale}
+            save(Path(args.out), root / "phases", report_json(results, cpu, notes, info), table, smi)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the sampler")
+    parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU (default 0)")
+    parser.add_argument("--out", help="also write the table as JSON and the raw logs to this directory")
+    parser.add_argument("--quick", action="store_true", help="phases a third as long (a smoke run)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return check_gpu(args)
+    except Unavailable as exc:
+        print(f"gpu-check: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

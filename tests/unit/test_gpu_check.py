@@ -1,0 +1,461 @@
+"""scripts/gpu_check.py (`make gpu-check`) without a GPU: its pure parts (nvidia-smi
+parsing, interval means, verdicts, the table), its process plumbing (the sampler's boot
+line, the nvidia-smi reader, reaping), and that it exits 2 with one clear line when there
+is no PyTorch, CUDA or GPU to check with. The run itself needs a real GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from slurm_gpu_eff import model
+from slurm_gpu_eff.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_check.py"
+GIB, MIB = 2**30, 2**20
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+gc = load_script()
+
+
+# --- nvidia-smi lines ------------------------------------------------------------------------
+
+
+def test_a_reading_is_parsed_with_the_time_it_arrived() -> None:
+    row = gc.parse_smi_line("0, 45, 1234, 250.12", 100.5)
+    assert row == gc.SmiRow(time=100.5, index=0, util=45.0, mem_mib=1234.0, power_w=250.12)
+
+
+@pytest.mark.parametrize("line, util, mem, power", [
+    ("0, [N/A], 81559, [N/A]", None, 81559.0, None),
+    ("1, 0, [Not Supported], 71.30", 0.0, None, 71.3),
+    ("0, [Unknown Error], 10, [Not Supported]", None, 10.0, None),
+    ("0, 100, 0, 699.98\r", 100.0, 0.0, 699.98),  # a terminal's line end
+    ("0, nan, 5, 70", None, 5.0, 70.0),
+])
+def test_fields_the_driver_cannot_give_are_none_not_zero(
+    line: str, util: float | None, mem: float | None, power: float | None,
+) -> None:
+    row = gc.parse_smi_line(line, 0.0)
+    assert row is not None
+    assert (row.util, row.mem_mib, row.power_w) == (util, mem, power)
+
+
+@pytest.mark.parametrize("line", [
+    "", "   ", "No devices were found",
+    "Failed to initialize NVML: Driver/library version mismatch",
+    "NVML library version: 550.54",
+    "0, 45, 1234",  # too few fields
+    "0, 45, 1234, 250, 3",  # too many
+    "index, utilization.gpu [%], memory.used [MiB], power.draw [W]",  # a header
+])
+def test_lines_that_are_not_readings_are_skipped(line: str) -> None:
+    assert gc.parse_smi_line(line, 0.0) is None
+
+
+def test_real_looking_output_keeps_only_the_readings() -> None:
+    output = [
+        (10.0, "0, 0, 519, 70.84"),
+        (10.1, "0, 100, 8711, [N/A]"),
+        (10.2, "Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error"),
+        (10.3, "0, 98, 8711, 689.50"),
+    ]
+    rows = gc.parse_smi_lines(output)
+    assert [r.time for r in rows] == [10.0, 10.1, 10.3]
+    assert [r.power_w for r in rows] == [70.84, None, 689.5]
+
+
+# --- means over an interval --------------------------------------------------------------------
+
+
+def rows_at(values: Sequence[float | None], start: float = 0.0) -> list[Any]:
+    return [gc.SmiRow(start + i, 0, v, None if v is None else 10 * v, v) for i, v in enumerate(values)]
+
+
+def test_interval_mean_takes_the_readings_inside_both_ends_included() -> None:
+    rows = rows_at([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert gc.interval_mean(rows, "util", 2.0, 5.0) == 3.5
+    assert gc.interval_mean(rows, "util", 1.5, 5.5) == 3.5
+    assert gc.interval_max(rows, "mem_mib", 2.0, 5.0) == 50.0
+
+
+def test_interval_mean_skips_missing_readings_and_has_none_when_empty() -> None:
+    rows = rows_at([10, None, 30, None])
+    assert gc.interval_mean(rows, "util", 0.0, 3.0) == 20.0
+    assert gc.interval_mean(rows, "util", 1.0, 1.0) is None
+    assert gc.interval_mean(rows, "util", 50.0, 60.0) is None
+    assert gc.interval_max(rows, "power_w", 50.0, 60.0) is None
+
+
+# --- a phase's figures from the sampler's summary ---------------------------------------------------
+
+
+def summary(util: float = 97.0, mem: float = 1.5 * GIB, power: float = 650.0, energy: float | None = 9750.0,
+            samples: int = 76, start: float = 1000.0, end: float = 1015.0) -> dict[str, Any]:
+    """A node summary shaped by the package's own model, as the sampler writes it."""
+    def stat(mean: float, top: float) -> dict[str, Any]:
+        return {"mean": mean, "min": 0.0, "max": top, "last": mean, "samples": samples,
+                "seconds": end - start}
+
+    gpu = model.GpuSummary(
+        node="gpucheck", index=3, minor=3, uuid="GPU-x", name="NVIDIA H100", memory_total_bytes=80 * GIB,
+        power_limit_w=700.0, samples=samples, sampled_s=end - start,
+        metrics={"util": stat(util, 100.0), "mem_used_bytes": stat(mem * 0.9, mem),
+                 "power_w": stat(power, 700.0)},
+        energy_j=energy, energy_source="counter",
+    )
+    node = model.NodeSummary(cluster="gpucheck", job_id="900002", node="gpucheck", status=model.COMPLETE,
+                             sampled_from=start, sampled_until=end, gpus=[gpu])
+    return node.to_dict()
+
+
+def test_phase_result_reads_the_summary_and_averages_nvidia_smi_over_the_samplers_window() -> None:
+    smi = rows_at([0.0] * 5 + [90.0] * 16 + [0.0] * 5, start=995.0)  # 995..1020; 1000..1015 at 90
+    played = gc.Played(wall_s=14.8, busy_s=14.7, allocated_bytes=384 * MIB, reserved_bytes=400 * MIB)
+    result = gc.phase_result("busy", played, summary(), 9800.0, smi, cpu_s=0.3)
+    assert result.util == 97.0 and result.mem_max_bytes == 1.5 * GIB
+    assert result.power_w == 650.0 and result.energy_j == 9750.0
+    assert result.status == "complete" and result.samples == 76
+    assert result.busy_fraction == pytest.approx(14.7 / 14.8)
+    assert result.smi_rows == 16 and result.smi_util == 90.0
+    assert result.smi_mem_max_bytes == 900.0 * MIB
+    assert result.counter_energy_j == 9800.0 and result.torch_reserved_bytes == 400 * MIB
+
+
+def test_phase_result_without_a_summary_or_nvidia_smi_says_so() -> None:
+    result = gc.phase_result("idle", None, None, None, None)
+    assert result.status == "none" and result.util is None and result.smi_rows is None
+    missing = model.NodeSummary(cluster="c", job_id="1", node="n", status=model.MISSING,
+                                reason="NVML cannot start").to_dict()
+    result = gc.phase_result("idle", None, missing, None, [])
+    assert (result.status, result.reason) == ("missing", "NVML cannot start")
+    assert result.samples == 0 and result.util is None
+    assert result.smi_rows == 0
+
+
+# --- verdicts ------------------------------------------------------------------------------------
+
+
+def result(name: str = "busy", **figures: Any) -> Any:
+    values: dict[str, Any] = dict(
+        wall_s=15.0, busy_fraction=0.99, torch_reserved_bytes=400 * MIB, status="complete", samples=76,
+        util=98.0, smi_util=98.0, mem_max_bytes=900 * MIB, smi_mem_max_bytes=900 * MIB, power_w=650.0,
+        smi_power_w=650.0, energy_j=9750.0, counter_energy_j=9750.0, smi_rows=150,
+    )
+    values.update(figures)
+    return gc.PhaseResult(name, **values)
+
+
+def checks_of(res: Any, baseline: float | None = 500 * MIB) -> dict[str, bool | None]:
+    return {c.name: c.ok for c in gc.phase_checks(res, baseline)}
+
+
+def test_a_phase_that_agrees_everywhere_is_ok() -> None:
+    res = result()
+    assert set(checks_of(res).values()) == {True}
+    assert gc.verdict(gc.phase_checks(res, 500 * MIB)) == "ok"
+
+
+@pytest.mark.parametrize("figures, name, ok", [
+    ({"smi_util": 93.0}, "util/smi", True),  # 5 points: on the line
+    ({"smi_util": 92.9}, "util/smi", False),
+    ({"busy_fraction": 1.03}, "util/events", True),
+    ({"busy_fraction": 0.929}, "util/events", False),
+    ({"mem_max_bytes": (900 + 256) * MIB}, "memory", True),
+    ({"mem_max_bytes": (900 + 257) * MIB}, "memory", False),
+    ({"mem_max_bytes": (900 - 257) * MIB}, "memory", False),
+    ({"energy_j": 9750.0 * 1.03}, "energy", True),
+    ({"energy_j": 9750.0 * 0.969}, "energy", False),
+    ({"power_w": 650.0 + 32.5}, "power/smi", True),  # 5% of 650 W
+    ({"power_w": 650.0 + 33.0}, "power/smi", False),
+    ({"power_w": 65.0, "smi_power_w": 60.0}, "power/smi", True),  # 5 W floor at low power
+    ({"power_w": 65.5, "smi_power_w": 60.0}, "power/smi", False),
+    ({"status": "partial"}, "sampler", False),
+    ({"samples": 1}, "sampler", False),
+])
+def test_verdict_thresholds(figures: dict[str, Any], name: str, ok: bool) -> None:
+    res = result(**figures)
+    assert checks_of(res)[name] is ok
+    assert (gc.verdict(gc.phase_checks(res, 500 * MIB)) == "ok") is ok
+    if not ok:
+        assert name in gc.verdict(gc.phase_checks(res, 500 * MIB))
+
+
+def test_a_missing_figure_is_not_checked_rather_than_failed() -> None:
+    res = result(smi_util=None, smi_power_w=None, counter_energy_j=None, busy_fraction=None)
+    found = checks_of(res, baseline=None)
+    assert found["util/smi"] is None and found["power/smi"] is None and found["energy"] is None
+    assert found["util/events"] is None and found["memory"] is None
+    assert gc.verdict(gc.phase_checks(res, None)) == "ok"
+
+
+def test_the_idle_phase_sets_the_memory_baseline_and_is_not_checked_against_it() -> None:
+    idle = result("idle", torch_reserved_bytes=20 * MIB, mem_max_bytes=520 * MIB, util=0.0, smi_util=0.0,
+                  busy_fraction=0.0)
+    memory = result("memory", torch_reserved_bytes=8 * GIB + 20 * MIB, mem_max_bytes=8 * GIB + 530 * MIB)
+    assert gc.context_baseline([memory, idle]) == 500 * MIB
+    assert gc.expected_memory(memory, 500 * MIB) == 8 * GIB + 520 * MIB
+    assert "memory" not in checks_of(idle)
+    assert checks_of(memory)["memory"] is True
+    assert gc.context_baseline([memory]) is None
+
+
+def test_cpu_per_sample_takes_the_start_up_out() -> None:
+    per = gc.cpu_per_sample(run_cpu_s=0.5, run_samples=1100, idle_cpu_s=0.2, idle_samples=100)
+    assert per == pytest.approx(0.0003)
+    assert gc.cpu_per_sample(0.5, 2, 0.2, 2) is None
+    assert gc.cpu_check(gc.CpuFigure(0.0003, 0.00025, 1100, 11)).ok is True
+    assert gc.cpu_check(gc.CpuFigure(0.0003, 0.00019, 1100, 11)).ok is False  # 1.58x
+    assert gc.cpu_check(gc.CpuFigure(0.0011, 0.0010, 1100, 11)).ok is False  # over 1 ms
+    assert gc.cpu_check(gc.CpuFigure(None, 0.0002, 0, 11)).ok is None
+
+
+# --- the table -------------------------------------------------------------------------------------
+
+
+def four_phases() -> list[Any]:
+    return [
+        result("idle", wall_s=10.0, busy_fraction=0.0, util=0.0, smi_util=0.0,
+               torch_reserved_bytes=20 * MIB, mem_max_bytes=532 * MIB, power_w=71.2, smi_power_w=70.9,
+               energy_j=712.0, counter_energy_j=709.0),
+        result("busy", wall_s=15.2, busy_fraction=0.999, util=98.9, smi_util=99.4),
+        result("square", wall_s=20.0, busy_fraction=0.301, util=37.5, smi_util=30.2),  # util off
+        result("memory", wall_s=10.0, busy_fraction=0.0003, util=0.0, smi_util=None, smi_power_w=None,
+               torch_reserved_bytes=8 * GIB + 20 * MIB, mem_max_bytes=8 * GIB + 532 * MIB),
+    ]
+
+
+def test_the_table_has_one_aligned_row_per_phase_with_its_verdict() -> None:
+    cpu = gc.CpuFigure(0.00031, 0.00028, 250, 11)
+    table = gc.format_table(four_phases(), cpu, ["nvidia-smi not found: its columns are empty"])
+    lines = table.splitlines()
+    header = lines[1]
+    assert header.split() == ["phase", "secs", "sampler", "smi", "events", "sampler", "smi", "torch+ctx",
+                              "sampler", "counter", "sampler", "smi", "verdict"]
+    rows = lines[2:6]
+    assert [r.split()[0] for r in rows] == ["idle", "busy", "square", "memory"]
+    # Every figure ends under its heading: the columns line up.
+    ends = [i + 1 for i, c in enumerate(header)
+            if c != " " and (i + 1 == len(header) or header[i + 1] == " ")]
+    for row in rows:
+        for end in ends[1:-1]:
+            assert row[end - 1] != " " and (end == len(row) or row[end] == " "), (row, end)
+        assert row.index(row.split()[-1] if row.endswith("ok") else "OFF") == header.index("verdict")
+    assert rows[0].split()[1:13] == ["10.0", "0.0", "0.0", "0.0", "0.52", "0.88", "0.52", "712", "709",
+                                     "71.2", "70.9", "ok"]
+    assert rows[1].endswith("  ok")
+    assert rows[2].endswith("OFF: util/smi, util/events")
+    assert rows[3].split()[1:5] == ["10.0", "0.0", "-", "0.0"]  # no nvidia-smi figure: a dash
+    assert rows[3].split()[7] == "8.52"  # 8 GiB + 20 MiB reserved + the 512 MiB baseline
+    assert "  square util/smi: 7.3 points apart (limit 5.0)" in lines
+    assert "torch+ctx = PyTorch's reserved peak + the context's 512 MiB" in table
+    assert "sampler CPU per GPU-sample: 0.310 ms = 1.11x its bare NVML calls (0.280 ms)" in table
+    assert lines[-1] == "note: nvidia-smi not found: its columns are empty"
+
+
+def test_the_json_report_carries_each_phase_its_checks_and_the_cpu_figure() -> None:
+    report = gc.report_json(four_phases(), gc.CpuFigure(0.0005, 0.0001, 250, 11), [], {"index": 0})
+    assert [p["name"] for p in report["phases"]] == ["idle", "busy", "square", "memory"]
+    assert report["context_baseline_bytes"] == 512 * MIB
+    assert report["phases"][2]["verdict"] == "OFF: util/smi, util/events"
+    assert report["cpu"]["check"]["ok"] is False
+
+
+# --- the site and the sampler's process ------------------------------------------------------------
+
+
+def test_the_site_config_is_one_the_package_reads_and_the_job_is_the_gpus_minor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLURM_JOB_ACCOUNT", "from-an-outer-job")
+    env = gc.write_site(tmp_path, "/usr/bin/python3", 0.2, minor=3)
+    config = load_config(env["GPUEFF_CONFIG"])
+    assert config.interval_s == 0.2 and config.live_s == 3600 and config.gpu_library == ""
+    assert config.spool_for("gpucheck") == f"{tmp_path}/spool/gpucheck"
+    assert config.store_path.startswith(str(tmp_path)) and config.log_file.startswith(str(tmp_path))
+    assert config.python == "/usr/bin/python3"
+    assert env["SLURM_JOB_GPUS"] == "3" and env["SLURMD_NODENAME"] == "gpucheck"
+    assert "SLURM_JOB_ACCOUNT" not in env and "SLURM_JOB_ID" not in env
+
+
+def test_the_boot_line_runs_the_sampler_module_from_the_repository_in_isolation(tmp_path: Path) -> None:
+    # -S: no site-packages, so not the editable install: only the boot line's path finds it.
+    # Two arguments make the sampler's main answer with its usage, proving what it got.
+    command = gc.sampler_command([sys.executable, "-I", "-S"], tmp_path / "job") + ["extra"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=60,
+                          env={"PATH": os.environ.get("PATH", "")})
+    assert done.returncode == 2, done.stderr
+    assert "usage: python -m slurm_gpu_eff.node.sampler JOB_DIR" in done.stderr
+
+
+def test_the_samplers_interpreter_is_checked_before_any_phase() -> None:
+    assert gc.sampler_python(sys.executable) == [sys.executable, "-I"]  # the venv has pynvml
+    with pytest.raises(gc.Unavailable, match="cannot run"):
+        gc.sampler_python("/nonexistent/python3")
+
+
+def test_a_sampler_that_ignores_sigterm_is_killed_and_reaped_with_its_cpu(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = (f"import signal, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"pathlib.Path({str(ready)!r}).touch(); time.sleep(30)")
+    child = gc.SamplerProcess([sys.executable, "-c", code], dict(os.environ), tmp_path / "stderr")
+    assert child.wait_for(ready, 30)
+    cpu = child.stop(wait_s=0.5)
+    assert cpu is not None and cpu >= 0 and child.popen.returncode == -signal.SIGKILL
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.popen.pid, os.WNOHANG)  # reaped: nothing left to wait for
+
+
+def test_waiting_for_a_summary_stops_when_the_sampler_dies(tmp_path: Path) -> None:
+    child = gc.SamplerProcess([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ),
+                              tmp_path / "stderr")
+    assert child.wait_for(tmp_path / "never", 30) is False
+    assert child.popen.returncode == 3 and child.stop() is not None
+
+
+# --- nvidia-smi beside it ----------------------------------------------------------------------------
+
+
+FAKE_SMI = textwrap.dedent("""\
+    import sys, time
+    for i, power in enumerate(["70.5", "[N/A]", "71.5", "72.5"]):
+        print(f"0, {i}, 500, {power}")  # stdio: block-buffered into a pipe, by line to a terminal
+        time.sleep(0.25)
+""")
+
+
+def test_smi_lines_are_stamped_as_they_arrive_not_when_the_buffer_fills() -> None:
+    watch = gc.SmiWatch([sys.executable, "-c", FAKE_SMI])
+    watch.start()
+    deadline = time.monotonic() + 30
+    while watch.process is not None and watch.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop()
+    rows = watch.rows()
+    assert [r.util for r in rows] == [0.0, 1.0, 2.0, 3.0]
+    assert [r.power_w for r in rows] == [70.5, None, 71.5, 72.5]
+    gaps = [b.time - a.time for a, b in zip(rows, rows[1:], strict=False)]
+    assert min(gaps) > 0.15, gaps  # a pipe would have delivered them all at once, at exit
+    assert watch.note == ""
+
+
+def test_missing_or_failing_nvidia_smi_is_a_note_not_a_crash() -> None:
+    watch = gc.SmiWatch(["/nonexistent/nvidia-smi", "-lms", "100"])
+    watch.start()
+    watch.stop()
+    assert watch.rows() == [] and "not found" in watch.note
+    said = "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."
+    failing = gc.SmiWatch([sys.executable, "-c", f"print({said!r}); raise SystemExit(9)"])
+    failing.start()
+    time.sleep(0.5)
+    failing.stop()
+    assert failing.rows() == [] and "could not communicate with the NVIDIA driver" in failing.note
+
+
+def test_smi_command_queries_the_four_fields_of_one_gpu_every_100_ms() -> None:
+    command = gc.smi_command("GPU-abc")
+    assert command[0] == "nvidia-smi"
+    assert "--query-gpu=index,utilization.gpu,memory.used,power.draw" in command
+    assert "--format=csv,noheader,nounits" in command
+    assert command[command.index("-i") + 1] == "GPU-abc" and command[command.index("-lms") + 1] == "100"
+
+
+# --- nothing to check with: exit 2, one line, no traceback ---------------------------------------------
+
+
+def run_script(
+    tmp_path: Path, *args: str, plant: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The script as `make gpu-check` runs it (PYTHONPATH = the repository), with stand-in
+    modules planted ahead of the real ones."""
+    path = [str(REPO)]
+    if plant:
+        fake = tmp_path / "fake"
+        for name, source in plant.items():
+            (fake / name).mkdir(parents=True)
+            (fake / name / "__init__.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        path.insert(0, str(fake))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=tmp_path)
+
+
+def assert_one_line(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: "), done.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="this interpreter has torch")
+def test_without_torch_it_exits_2_saying_so(tmp_path: Path) -> None:
+    assert_one_line(run_script(tmp_path), "PyTorch (torch) is not installed", sys.executable)
+
+
+def test_a_torch_that_cannot_be_imported_exits_2(tmp_path: Path) -> None:
+    done = run_script(tmp_path, plant={"torch": "raise ImportError('libcudart.so.12: cannot open')"})
+    assert_one_line(done, "PyTorch (torch) is not installed")
+
+
+TORCH_WITHOUT_CUDA = """\
+    from types import SimpleNamespace
+    __version__ = "2.9.0+cpu"
+    cuda = SimpleNamespace(is_available=lambda: False)
+"""
+TORCH_WITH_CUDA = """\
+    from types import SimpleNamespace
+    __version__ = "2.9.0"
+    cuda = SimpleNamespace(is_available=lambda: True)
+"""
+NVML_WITHOUT_DRIVER = """\
+    class NVMLError(Exception):
+        pass
+    def nvmlInit():
+        raise NVMLError("Driver Not Loaded")
+"""
+NVML_ONE_GPU = """\
+    class NVMLError(Exception):
+        pass
+    def nvmlInit():
+        pass
+    def nvmlDeviceGetCount():
+        return 1
+"""
+
+
+def test_a_torch_without_cuda_exits_2(tmp_path: Path) -> None:
+    done = run_script(tmp_path, plant={"torch": TORCH_WITHOUT_CUDA})
+    assert_one_line(done, "sees no CUDA GPU", "2.9.0+cpu")
+
+
+def test_no_nvidia_driver_exits_2(tmp_path: Path) -> None:
+    done = run_script(tmp_path, plant={"torch": TORCH_WITH_CUDA, "pynvml": NVML_WITHOUT_DRIVER})
+    assert_one_line(done, "no NVIDIA GPU here", "Driver Not Loaded")
+
+
+def test_a_gpu_index_that_is_not_there_exits_2(tmp_path: Path) -> None:
+    done = run_script(tmp_path, "--gpu", "4", plant={"torch": TORCH_WITH_CUDA, "pynvml": NVML_ONE_GPU})
+    assert_one_line(done, "no GPU with NVML index 4", "has 1")
