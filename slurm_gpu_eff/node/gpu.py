@@ -113,6 +113,10 @@ class Gpu:
         self.parent = parent  # the whole GPU's handle, for a MIG instance
         self.gi_id = gi_id
         self.parent_uuid: str | None = None
+        self.mismatches = (
+            nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError,
+            nvml.NVMLError_ArgumentVersionMismatch, nvml.NVMLLibraryMismatchError,
+        )
         self.unsupported: set[str] = set()
         self.errors: list[str] = []
         self.name = self._call("nvmlDeviceGetName")
@@ -136,24 +140,14 @@ class Gpu:
     def is_mig(self) -> bool:
         return self.parent is not None
 
-    def _call(self, function: str, *args: Any, handle: Any = None, key: str = "") -> Any:
-        """Call an NVML function; None when this GPU does not support it (remembered under
-        `key`, by default the function's name)."""
-        try:
-            return self._call_raw(function, *args, handle=handle, key=key)
-        except GpuLost:
-            raise
-        except Exception as exc:
-            # A passing error (timeout, unknown) costs one reading, not the metric. Not only
-            # NVMLError: the binding raises plain exceptions too (NVMLLibraryMismatchError
-            # when the driver lacks a versioned symbol).
-            if len(self.errors) < 20:
-                self.errors.append(f"{function}: {exc}")
-            return None
-
-    def _call_raw(self, function: str, *args: Any, handle: Any = None, key: str = "") -> Any:
-        """Call an NVML function: None when unsupported (remembered), GpuLost when the GPU
-        is gone, other NVML errors raised."""
+    def _call(
+        self, function: str, *args: Any, handle: Any = None, key: str = "", passing: bool = True,
+    ) -> Any:
+        """Call an NVML function: None when this GPU does not support it (remembered under
+        `key`, by default the function's name), GpuLost when the GPU is gone. A passing
+        error (timeout, unknown) costs one reading, not the metric: logged and read as None,
+        or raised when not `passing`. One function, not two layers: it runs ~10 times a
+        GPU a poll."""
         key = key or function
         if key in self.unsupported:
             return None
@@ -162,11 +156,16 @@ class Gpu:
             return getattr(nvml, function)(self.handle if handle is None else handle, *args)
         except nvml.NVMLError_GpuIsLost as exc:
             raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, AttributeError,
-                nvml.NVMLError_ArgumentVersionMismatch, nvml.NVMLLibraryMismatchError):
-            # Mismatches: the driver lacks the versioned symbol or struct pynvml asks for (a
-            # _v3, say); it will lack it on the next poll too, so ask no more.
+        except self.mismatches:
+            # Not supported here, or the driver lacks the versioned symbol or struct pynvml
+            # asks for (a _v3, say): it will lack it on the next poll too, so ask no more.
             self.unsupported.add(key)
+            return None
+        except Exception as exc:  # not only NVMLError: the binding raises plain ones too
+            if not passing:
+                raise
+            if len(self.errors) < 20:
+                self.errors.append(f"{function}: {exc}")
             return None
 
     def _memory(self) -> Any:
@@ -302,7 +301,7 @@ class Gpu:
     def _call_quiet(self, function: str, *args: Any) -> Any:
         """Like _call, but "no data yet" (NotFound) is an answer, not an error."""
         try:
-            return self._call_raw(function, *args)
+            return self._call(function, *args, passing=False)
         except self.nvml.NVMLError_NotFound:
             return []
         except self.nvml.NVMLError as exc:

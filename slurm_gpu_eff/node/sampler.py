@@ -30,6 +30,8 @@ from .spool import SUMMARY, Spool, write_json
 from .stats import Histogram, Stat, Timeline
 from .verify import BindingCheck
 
+THROTTLE_ANY = sum(THROTTLE_REASONS.values())
+
 VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and the cgroup
 
 
@@ -70,20 +72,21 @@ class GpuStats:
         self.seconds += seconds
         util = self._series("util", reading.util_samples, reading.util, seconds, self.histogram)
         self._series("mem_util", reading.mem_util_samples, reading.mem_util, seconds, None)
-        for name, value in (reading.gpm or {}).items():
-            self.stat(name).add(value, seconds)
-        for name in ("mem_used_bytes", "power_w", "temp_c", "sm_clock_mhz"):
-            value = getattr(reading, name)
+        if reading.gpm:
+            for name, figure in reading.gpm.items():
+                self.stat(name).add(figure, seconds)
+        mem, power = reading.mem_used_bytes, reading.power_w
+        for name, value in (("mem_used_bytes", mem), ("power_w", power), ("temp_c", reading.temp_c),
+                            ("sm_clock_mhz", reading.sm_clock_mhz)):
             if value is not None:
                 self.stat(name).add(value, seconds)
-        if reading.power_w is not None:
-            self.power_energy_j += reading.power_w * seconds
+        if power is not None:
+            self.power_energy_j += power * seconds
         self._add_energy(reading.energy_mj)
         self._add_state(reading, seconds)
         self._add_sharing(reading, seconds)
-        mem = reading.mem_used_bytes
         self.timeline.add(
-            reading.time, seconds, util, (reading.gpm or {}).get("sm_active"), reading.power_w,
+            reading.time, seconds, util, reading.gpm.get("sm_active") if reading.gpm else None, power,
             None if mem is None else mem / 1024**3,
         )
 
@@ -97,8 +100,11 @@ class GpuStats:
             if rate is None:
                 return None
             self.util_source = self.util_source or ("rates" if name == "util" and samples is None else None)
-            samples = [(rate, seconds)]
-        elif name == "util":
+            self.stat(name).add(rate, seconds)
+            if histogram is not None:
+                histogram.add(rate, seconds)
+            return rate
+        if name == "util":
             self.util_source = "samples"
         stat = self.stat(name)
         for value, weight in samples:
@@ -118,11 +124,13 @@ class GpuStats:
         self.energy_last_mj = counter_mj
 
     def _add_state(self, reading: Reading, seconds: float) -> None:
-        if reading.throttle_mask is not None:
+        mask = reading.throttle_mask
+        if mask is not None:
             self.throttle_observed_s = (self.throttle_observed_s or 0.0) + seconds
-            for reason, bit in THROTTLE_REASONS.items():
-                if reading.throttle_mask & bit:
-                    self.throttle_s[reason] += seconds
+            if mask & THROTTLE_ANY:
+                for reason, bit in THROTTLE_REASONS.items():
+                    if mask & bit:
+                        self.throttle_s[reason] += seconds
         if reading.ecc_uncorrected is not None:
             self.ecc_first = reading.ecc_uncorrected if self.ecc_first is None else self.ecc_first
             self.ecc_last = reading.ecc_uncorrected
@@ -244,7 +252,7 @@ class Sampler:
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
                 continue
             stats.add(reading, seconds)
-            if reading.pids:
+            if reading.pids and self.binding.wants(stats.gpu.minor, reading.pids):
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)
         self._record_xids(now)

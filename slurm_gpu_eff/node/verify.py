@@ -40,6 +40,7 @@ class BindingCheck:
         self.disagree: list[str] = []
         self.cgroup_read = False
         self._seen_on: set[int] = set()
+        self._last_pids: dict[int, list[int]] = {}
 
     def processes(self, minor: int, jobs_of_pids: dict[int, str | None], bound: bool) -> None:
         """The processes NVML lists on GPU `minor`, each with the job it belongs to."""
@@ -52,6 +53,18 @@ class BindingCheck:
             elif minor not in self._seen_on:
                 self._seen_on.add(minor)
                 self._note(self.agree, f"process {pid} of job {self.job_id} runs on bound GPU minor {minor}")
+
+    def wants(self, minor: int, pids: list[tuple[int, int]]) -> bool:
+        """Whether a bound GPU's processes (pid, memory) tell anything new: not once one of
+        the job's was seen there, nor when the pids are those looked at last time (this runs
+        every poll)."""
+        if minor in self._seen_on:
+            return False
+        seen = [pid for pid, _ in pids]
+        if self._last_pids.get(minor) == seen:
+            return False
+        self._last_pids[minor] = seen
+        return True
 
     def cgroup(self) -> bool:
         """Read the job cgroup's device list once it exists; True once read (or when this
