@@ -60,3 +60,11 @@ def set_clock(lib: Any, t: float | None) -> None:
     hook.argtypes = [ctypes.c_double]
     hook.restype = None
     hook(0.0 if t is None else float(t))
+
+
+def shut_down(lib: Any) -> None:
+    """Undo every nvmlInit (NVML is refcounted) so the next test starts uninitialised."""
+    shutdown = lib.nvmlShutdown
+    for _ in range(1_000_000):  # other tests may leave it initialised many times over
+        if shutdown() != 0:  # NVML_ERROR_UNINITIALIZED once the count is back to 0
+            return

@@ -191,6 +191,12 @@ class SimNode:
     def clock(self) -> float:
         return self._now
 
+    def write_devices(self, table: Any) -> None:
+        """The devices file ({node: [spec, ...]} or a bare list). Its mtime stays BOOT: the
+        simulated driver's load, where the library's clock and energy counter start."""
+        self.devices_file.write_text(json.dumps(table), encoding="utf-8")
+        os.utime(self.devices_file, (BOOT, BOOT))
+
     def session(self) -> GpuSession:
         """A GPU session through the real pynvml, its clock the test's."""
         session = GpuSession(self.config)
@@ -227,22 +233,16 @@ def sim_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimNod
     """
     import pynvml
 
-    devices = tmp_path / "devices.json"
-    devices.write_text(json.dumps({"gpu1": SIM_DEVICES}), encoding="utf-8")
-    os.utime(devices, (BOOT, BOOT))
     path = standin.library_path()
     standin.load(pynvml, path)
     monkeypatch.setenv("GPUEFF_CONFIG", str(write_sim_config(tmp_path, path)))
     monkeypatch.setenv("SLURMD_NODENAME", "gpu1")
     node = SimNode(tmp_path, pynvml.nvmlLib)
+    node.write_devices({"gpu1": SIM_DEVICES})
     (node.state_dir / node.node).mkdir(parents=True)  # as cluster.sh makes it: per node
     yield node
     standin.set_clock(node.lib, None)
-    for _ in range(100):  # NVML is refcounted: sessions a test left open end with it
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            break
+    standin.shut_down(node.lib)  # sessions a test left open end with it
 
 
 # --- hooks: a site in tmp_path, and the sampler processes it starts -----------------------

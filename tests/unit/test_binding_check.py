@@ -60,12 +60,9 @@ def test_a_gres_index_on_a_capability_file_maps_to_its_mig_instance(tmp_path: Pa
 
 
 def test_a_mig_slice_named_by_slurms_index_is_bound_to_that_instance(sim_node: Any) -> None:
-    import json
-
     spec = {"minor": 3, "uuid": "GPU-33333333-3333-3333-3333-333333333333", "name": "H100",
             "mig": [{"gi_id": 1, "uuid": MIG_A}, {"gi_id": 2, "uuid": MIG_B}]}
-    sim_node.devices_file.write_text(json.dumps({"gpu1": [spec]}))
-    os.utime(sim_node.devices_file, (BOOT, BOOT))
+    sim_node.write_devices({"gpu1": [spec]})
     (gpu,) = sim_node.session().bind([1], {1: (3, 2)})
     assert (gpu.index, gpu.minor, gpu.uuid, gpu.gi_id) == (1, 3, MIG_B, 2)
     assert gpu.is_mig and gpu.parent_uuid == spec["uuid"]

@@ -5,7 +5,6 @@ edges of a fix."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -26,11 +25,9 @@ MIG_B = "MIG-bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb"
 
 
 def devices(sim_node: Any, **spec: Any) -> None:
-    """Rewrite gpu1's devices: minor 0 is an H100 with `spec` on top. The mtime stays BOOT
-    (the simulated driver's load), which the library's clock and energy counter start at."""
+    """Rewrite gpu1's devices: minor 0 is an H100 with `spec` on top."""
     gpu = {"minor": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", **H100, **spec}
-    sim_node.devices_file.write_text(json.dumps({"gpu1": [gpu]}), encoding="utf-8")
-    os.utime(sim_node.devices_file, (BOOT, BOOT))
+    sim_node.write_devices({"gpu1": [gpu]})
 
 
 def busy(util: float, seconds: float = 1000, **more: Any) -> dict[str, Any]:

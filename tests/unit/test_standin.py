@@ -30,7 +30,7 @@ import pynvml
 import pytest
 
 from tests import standin
-from tests.unit.conftest import SIM_DEVICES
+from tests.unit.conftest import SIM_DEVICES, SimNode
 
 GIB = 1024**3
 BOOT = 1_700_000_000.0
@@ -69,31 +69,14 @@ def phases(profile: dict[str, Any], position: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-class Node:
-    """Simulated node gpu1 in tmp_path, with the library's clock under the test's control."""
+class Node(SimNode):
+    """Simulated node gpu1 in tmp_path, with the library's clock under the test's control;
+    its state files are written with this file's own `phases`, not the package's."""
 
     def __init__(self, root: Path, lib: ctypes.CDLL) -> None:
+        super().__init__(root, lib)
         self.root = root
-        self.lib = lib
-        self.devices_file = root / "devices.json"
-        self.state_dir = root / "state"
         self.config_file = root / "gpueff.conf"
-        self.node = "gpu1"
-        self._now = BOOT + 1000.0
-
-    @property
-    def now(self) -> float:
-        return self._now
-
-    @now.setter
-    def now(self, value: float) -> None:
-        self._now = value
-        standin.set_clock(self.lib, value)
-
-    def write_devices(self, table: Any) -> None:
-        """The devices file ({node: [spec, ...]} or a bare list), loaded at BOOT."""
-        self.devices_file.write_text(json.dumps(table), encoding="utf-8")
-        os.utime(self.devices_file, (BOOT, BOOT))
 
     def write_config(self, text: str | None = None) -> None:
         if text is None:
@@ -121,18 +104,11 @@ class Node:
         return path
 
 
-def shut_down(lib: ctypes.CDLL) -> None:
-    """Undo every nvmlInit (the library's refcount) so the next test starts uninitialised."""
-    for _ in range(1_000_000):  # other tests may leave it initialised many times over
-        if lib.nvmlShutdown() != pynvml.NVML_SUCCESS:
-            return
-
-
 def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str) -> Node:
     monkeypatch.setattr(pynvml, "nvmlLib", pynvml.nvmlLib)
     monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
     lib = standin.load(pynvml, standin.library_path(variant))
-    shut_down(lib)
+    standin.shut_down(lib)
     node = Node(tmp_path, lib)
     node.write_devices({"gpu1": SIM_DEVICES})
     node.write_config()
@@ -147,7 +123,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str) -> 
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
     made = make_node(tmp_path, monkeypatch, "current")
     yield made
-    shut_down(made.lib)
+    standin.shut_down(made.lib)
     standin.set_clock(made.lib, None)
 
 
@@ -155,7 +131,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
 def old_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
     made = make_node(tmp_path, monkeypatch, "old")
     yield made
-    shut_down(made.lib)
+    standin.shut_down(made.lib)
     standin.set_clock(made.lib, None)
 
 
