@@ -8,6 +8,7 @@ keep apart.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -136,8 +137,8 @@ def load_config(path: str | None = None) -> Config:
             value = kind(text)
         except ValueError as exc:
             raise ConfigError(f"{path}: [{section}] {key} = {text!r} is not a number") from exc
-        if kind is float and not value > 0:
-            raise ConfigError(f"{path}: [{section}] {key} must be greater than 0")
+        if kind is float and not 0 < value < math.inf:  # nan and inf read as floats too
+            raise ConfigError(f"{path}: [{section}] {key} must be a number greater than 0")
         values[name] = value
     config = Config(path, hints=hints, **values)  # type: ignore[arg-type]
     # The shims kill a hook at 20 s; the epilog must still have time to post after waiting.

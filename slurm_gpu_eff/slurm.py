@@ -1,24 +1,27 @@
 """Slurm's accounting, through `sacct -P` (stable across Slurm releases, unlike --json).
 
 The one subprocess call lives in `run_sacct`; everything else is pure parsing, tested
-on captured sacct text. Rows are zipped strictly with the columns asked for, with a
-delimiter no data contains, so a new Slurm column never shifts values silently; a
-job name holding a newline is stitched back together.
+on captured sacct text. Rows are zipped strictly with the columns asked for, so a new
+Slurm column never shifts values silently. The delimiter is new for every call (random
+bytes between unit separators): a job's owner cannot put it in the job's name ahead of
+time, so no name can cut a row where it likes (forge JobIDRaw, hide a task); a name
+holding a newline is stitched back together by counting real delimiters.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import subprocess
 from dataclasses import dataclass
 
 from .errors import JobNotFound, SlurmError, UsageError
 
-DELIMITER = "\x1f"  # ASCII unit separator: never in a job name a shell can type easily
+DELIMITER = "\x1f"  # ASCII unit separator: the captured fixtures' delimiter
 FIELDS = (
     "JobID", "JobName", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
     "ExitCode", "ElapsedRaw", "TimelimitRaw", "Start", "End", "NCPUS", "NNodes", "NodeList",
-    "TotalCPU", "AllocTRES", "MaxRSS",
+    "TotalCPU", "AllocTRES", "MaxRSS", "NTasks",
 )
 JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
@@ -60,7 +63,8 @@ class SlurmJob:
 
     @property
     def mem_efficiency(self) -> float | None:
-        """Percent, as seff: the largest step's peak RSS over the memory allocated."""
+        """Percent, as seff 22.05: the peak memory (the largest step's MaxRSS, one task's
+        peak, times that step's tasks) over the memory allocated."""
         if self.running or not self.alloc_mem_bytes or self.max_rss_bytes is None:
             return None
         return 100.0 * self.max_rss_bytes / self.alloc_mem_bytes
@@ -73,9 +77,15 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def run_sacct(job_id: str, sacct: str = "sacct") -> str:
+def fresh_delimiter() -> str:
+    """A delimiter no job name can hold: its middle is chosen now, at random."""
+    return f"\x1f{secrets.token_hex(8)}\x1f"
+
+
+def run_sacct(job_id: str, sacct: str = "sacct", delimiter: str = "") -> str:
+    """sacct's rows for the job, separated by `delimiter` (parse_rows needs the same)."""
     command = [
-        sacct, "-j", check_job_id(job_id), "-P", "-n", f"--delimiter={DELIMITER}",
+        sacct, "-j", check_job_id(job_id), "-P", "-n", f"--delimiter={delimiter or DELIMITER}",
         "--format=" + ",".join(FIELDS),
     ]
     try:
@@ -92,18 +102,18 @@ def run_sacct(job_id: str, sacct: str = "sacct") -> str:
     return done.stdout.decode("utf-8", "replace")
 
 
-def parse_rows(text: str) -> list[dict[str, str]]:
+def parse_rows(text: str, delimiter: str = DELIMITER) -> list[dict[str, str]]:
     """sacct -P output -> one dict per row, stitching rows a newline in a name split."""
     rows: list[dict[str, str]] = []
     pending = ""
     for line in text.split("\n"):
         pending = f"{pending}\n{line}" if pending else line
-        count = pending.count(DELIMITER) + 1
+        count = pending.count(delimiter) + 1
         if count < len(FIELDS):
             continue
         if count > len(FIELDS):
             raise SlurmError(f"sacct returned {count} columns, expected {len(FIELDS)}")
-        rows.append(dict(zip(FIELDS, pending.split(DELIMITER), strict=True)))
+        rows.append(dict(zip(FIELDS, pending.split(delimiter), strict=True)))
         pending = ""
     if pending.strip():
         raise SlurmError("sacct output ended in the middle of a row")
@@ -118,7 +128,6 @@ def job_from_rows(job_id: str, rows: list[dict[str, str]]) -> SlurmJob:
     main = next((r for r in jobs if job_id in (r["JobID"], r["JobIDRaw"])), jobs[0])
     steps = [r for r in rows if r["JobID"].startswith(main["JobID"] + ".")]
     tres = parse_tres(main["AllocTRES"])
-    rss = [parse_size(r["MaxRSS"]) for r in steps if r["MaxRSS"]]
     return SlurmJob(
         job_id=main["JobID"], job_id_raw=main["JobIDRaw"], name=main["JobName"],
         cluster=main["Cluster"], user=main["User"], account=main["Account"],
@@ -129,13 +138,28 @@ def job_from_rows(job_id: str, rows: list[dict[str, str]]) -> SlurmJob:
         nnodes=_int(main["NNodes"]), nodelist=main["NodeList"],
         total_cpu_s=parse_duration(main["TotalCPU"]),
         alloc_mem_bytes=tres.get("mem"),
-        max_rss_bytes=max((r for r in rss if r is not None), default=None),
+        max_rss_bytes=peak_memory(steps),
         gpus=tres.get("gres/gpu", sum(v for k, v in tres.items() if k.startswith("gres/gpu:"))),
     )
 
 
+def peak_memory(steps: list[dict[str, str]]) -> int | None:
+    """seff 22.05's peak: MaxRSS is the largest task's peak in a step, so the step with the
+    largest MaxRSS counts it once per task. (A 4-task step at 150 MiB a task is 600 MiB,
+    not 150: a `--mem` hint built on 150 would kill the job.)"""
+    peak: tuple[int, int] | None = None
+    for step in steps:
+        rss = parse_size(step["MaxRSS"]) if step["MaxRSS"] else None
+        if rss is not None and (peak is None or rss > peak[0]):
+            tasks = step.get("NTasks", "")
+            peak = (rss, int(tasks) if tasks.isascii() and tasks.isdigit() and int(tasks) > 0 else 1)
+    return None if peak is None else peak[0] * peak[1]
+
+
 def get_job(job_id: str, sacct: str = "sacct") -> SlurmJob:
-    return job_from_rows(check_job_id(job_id), parse_rows(run_sacct(job_id, sacct)))
+    job_id = check_job_id(job_id)
+    delimiter = fresh_delimiter()
+    return job_from_rows(job_id, parse_rows(run_sacct(job_id, sacct, delimiter), delimiter))
 
 
 def members(job_id: str, rows: list[dict[str, str]]) -> list[str]:
@@ -155,12 +179,15 @@ def members(job_id: str, rows: list[dict[str, str]]) -> list[str]:
 def get_jobs(job_id: str, sacct: str = "sacct") -> list[SlurmJob]:
     """One job, or every task of an array / component of a heterogeneous job."""
     job_id = check_job_id(job_id)
-    rows = parse_rows(run_sacct(job_id, sacct))
+    delimiter = fresh_delimiter()
+    rows = parse_rows(run_sacct(job_id, sacct, delimiter), delimiter)
     names = members(job_id, rows)
     if not names:
         return [job_from_rows(job_id, rows)]
-    return [job_from_rows(name, [r for r in rows if r["JobID"].split(".")[0] == name])
-            for name in names]
+    by_job: dict[str, list[dict[str, str]]] = {}  # one pass: an array has thousands of tasks
+    for row in rows:
+        by_job.setdefault(row["JobID"].split(".")[0], []).append(row)
+    return [job_from_rows(name, by_job.get(name, [])) for name in names]
 
 
 def parse_tres(text: str) -> dict[str, int]:

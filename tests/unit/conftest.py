@@ -39,7 +39,7 @@ DEFAULT_ROW = {
     "ExitCode": "0:0", "ElapsedRaw": "3600", "TimelimitRaw": "120",
     "Start": "2026-11-20T10:00:00", "End": "2026-11-20T11:00:00", "NCPUS": "4",
     "NNodes": "1", "NodeList": "gpu1", "TotalCPU": "01:00:00",
-    "AllocTRES": "billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1", "MaxRSS": "",
+    "AllocTRES": "billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1", "MaxRSS": "", "NTasks": "",
 }
 
 

@@ -279,6 +279,8 @@ def test_no_config_file_at_all_means_defaults(
         (b"[gpu]\nbackend = sim\xff\n", "cannot read config"),  # not UTF-8
         (b"backend = sim\n", "line 1: expected 'key = value' under a [section]"),
         (b"[sampler]\ninterval_s = fast\n", "[sampler] interval_s = 'fast' is not a number"),
+        (b"[sampler]\ninterval_s = inf\n", "[sampler] interval_s must be a number greater than 0"),
+        (b"[sampler]\ncheckpoint_s = nan\n", "[sampler] checkpoint_s must be a number greater than 0"),
         (b"[gpu]\nbackend = sim\n", "unknown setting [gpu] backend"),  # gone: one NVML path
     ],
 )

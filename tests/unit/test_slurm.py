@@ -6,6 +6,7 @@ Fixture files use slurm.FIELDS in order and the \\x1f delimiter, one per job sha
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from slurm_gpu_eff.slurm import (
     FIELDS,
     check_job_id,
     get_job,
+    get_jobs,
     job_from_rows,
     parse_duration,
     parse_rows,
@@ -231,9 +233,16 @@ def test_check_job_id_rejects(job_id: str) -> None:
 
 # --- get_job, through a fake sacct on PATH -------------------------------------------------------
 
+# A fake sacct's `emit FILE` prints a fixture as sacct would for this call: the fixture's
+# \x1f delimiters become the one asked for with --delimiter (new for every call).
+EMIT = """for a in "$@"; do case $a in --delimiter=*) d=${a#--delimiter=};; esac; done
+emit() { sed "s/$(printf '\\037')/$d/g" "$1"; }
+"""
+
+
 def fake_sacct(directory: Path, body: str) -> Path:
     script = directory / "sacct"
-    script.write_text("#!/bin/sh\n" + body, encoding="utf-8")
+    script.write_text("#!/bin/sh\n" + EMIT + body, encoding="utf-8")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
 
@@ -241,18 +250,20 @@ def fake_sacct(directory: Path, body: str) -> Path:
 def test_get_job_runs_sacct_from_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args_file = tmp_path / "args"
     fake_sacct(tmp_path, f'printf "%s\\n" "$@" > {args_file}\n'
-                         f'cat {FIXTURES / "completed_2gpu.txt"}\n')
+                         f'emit {FIXTURES / "completed_2gpu.txt"}\n')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     job = get_job("4242")
     assert (job.job_id, job.gpus, job.max_rss_bytes) == ("4242", 2, 2048000 * KIB)
     assert job.cpu_efficiency == pytest.approx(60.0, abs=1e-12)
-    assert args_file.read_text().splitlines() == [
-        "-j", "4242", "-P", "-n", f"--delimiter={DELIMITER}", "--format=" + ",".join(FIELDS),
-    ]
+    args = args_file.read_text().splitlines()
+    assert args[:4] == ["-j", "4242", "-P", "-n"] and args[5] == "--format=" + ",".join(FIELDS)
+    assert re.fullmatch("--delimiter=\x1f[0-9a-f]{16}\x1f", args[4])
+    get_job("4242")
+    assert args_file.read_text().splitlines()[4] != args[4]  # new for every call
 
 
 def test_get_job_with_an_explicit_sacct_path(tmp_path: Path) -> None:
-    script = fake_sacct(tmp_path, f'cat {FIXTURES / "name_with_newline.txt"}\n')
+    script = fake_sacct(tmp_path, f'emit {FIXTURES / "name_with_newline.txt"}\n')
     assert get_job("4244", str(script)).name == "evil\nBcc: root@example.org"
 
 
@@ -298,6 +309,69 @@ def test_a_job_name_that_is_not_utf8_does_not_break_the_report(
     fixture = tmp_path / "latin1_name.txt"
     fixture.write_bytes(sacct_line(JobName="caf\udce9").encode("utf-8", "surrogateescape"))
     assert b"caf\xe9\x1f" in fixture.read_bytes()  # as sbatch -J $'caf\xe9' stores it
-    script = fake_sacct(tmp_path, f"cat {fixture}\n")
+    script = fake_sacct(tmp_path, f"emit {fixture}\n")
     job = get_job("4242", str(script))
     assert job.name.startswith("caf") and job.gpus == 2
+
+
+# --- issue 8: forged rows, seff's memory rule, big arrays ------------------------------------
+
+def hostile_rows(delimiter: str) -> str:
+    """Job 500 of mallory, named to cut sacct's row where she likes: after a newline, a
+    whole row of her making claims JobIDRaw 77 (someone else's job) for her allocation."""
+    row = {**DEFAULT_ROWS_500}
+    forged = "\x1f".join(("500", "x", "77", *["" for _ in FIELDS[3:]]))
+    row["JobName"] = "x\x1f" + forged + "\nrest"
+    step = {**row, "JobID": "500.batch", "JobIDRaw": "500.batch", "JobName": "batch", "NTasks": "1"}
+    return "".join(delimiter.join(r[f] for f in FIELDS) + "\n" for r in (row, step))
+
+
+DEFAULT_ROWS_500 = {f: "" for f in FIELDS} | {
+    "JobID": "500", "JobIDRaw": "500", "Cluster": "c", "User": "mallory", "State": "COMPLETED",
+    "ExitCode": "0:0", "ElapsedRaw": "60", "NCPUS": "1", "NNodes": "1", "NodeList": "gpu1",
+    "TotalCPU": "00:01", "AllocTRES": "cpu=1,gres/gpu=1,mem=100M",
+}
+
+
+def test_a_job_name_cannot_forge_a_row_under_a_fresh_delimiter() -> None:
+    """With the fixed \\x1f the name's own delimiters count: the row is cut in the wrong
+    place and the allocation is lost or rewritten. With this call's own delimiter, the
+    name is just a name."""
+    with pytest.raises(SlurmError):  # the old way: a shifted row, refused at best
+        job_from_rows("500", parse_rows(hostile_rows("\x1f"), "\x1f"))
+    delimiter = "\x1fa1b2c3d4e5f60718\x1f"
+    job = job_from_rows("500", parse_rows(hostile_rows(delimiter), delimiter))
+    assert (job.job_id, job.job_id_raw, job.user, job.gpus) == ("500", "500", "mallory", 1)
+    assert job.name.startswith("x\x1f500\x1fx\x1f77") and job.name.endswith("\nrest")
+
+
+def test_peak_memory_counts_the_largest_steps_rss_once_per_task(
+    sacct_row: Callable[..., dict[str, str]],
+) -> None:
+    """seff 22.05's rule (its MaxRSS is one task's peak): a 4-task step at 150 MiB a task
+    in 1000 MiB is 60%, not 15%. The step with the largest MaxRSS decides."""
+    rows = [
+        sacct_row(AllocTRES="cpu=4,gres/gpu=1,mem=1000M", MaxRSS="", NTasks=""),
+        sacct_row(JobID="4242.batch", JobIDRaw="4242.batch", MaxRSS="20M", NTasks="1"),
+        sacct_row(JobID="4242.0", JobIDRaw="4242.0", MaxRSS="150M", NTasks="4"),
+        sacct_row(JobID="4242.1", JobIDRaw="4242.1", MaxRSS="100M", NTasks="8"),
+    ]
+    job = job_from_rows("4242", rows)
+    assert job.max_rss_bytes == 4 * 150 * MIB
+    assert job.mem_efficiency == pytest.approx(60.0)
+    rows[2]["NTasks"] = "garbage"  # an odd value counts one task, never crashes
+    assert job_from_rows("4242", rows).max_rss_bytes == 150 * MIB
+
+
+def test_an_array_of_ten_thousand_tasks_is_parsed_in_one_pass(tmp_path: Path) -> None:
+    lines = []
+    for task in range(1, 10_001):
+        base = {**DEFAULT_ROWS_500, "JobID": f"900_{task}", "JobIDRaw": str(900 + task)}
+        step = {**base, "JobID": f"900_{task}.batch", "JobIDRaw": f"{900 + task}.batch",
+                "MaxRSS": f"{task}K", "NTasks": "1"}
+        lines += ["\x1f".join(r[f] for f in FIELDS) for r in (base, step)]
+    fixture = tmp_path / "array.txt"
+    fixture.write_text("\n".join(lines) + "\n")
+    jobs = get_jobs("900", str(fake_sacct(tmp_path, f"emit {fixture}\n")))
+    assert len(jobs) == 10_000
+    assert (jobs[0].job_id, jobs[-1].job_id, jobs[-1].max_rss_bytes) == ("900_1", "900_10000", 10_000 * KIB)
