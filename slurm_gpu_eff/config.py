@@ -48,6 +48,7 @@ class Config:
         python: str = sys.executable,  # interpreter for the processes the hooks start
         sacct: str = "sacct",
         slurmd: str = "slurmd",  # `slurmd -G` maps Slurm's GPU indexes to device files
+        squeue: str = "squeue",  # a sampler whose epilog never came asks whether its job ended
         hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
@@ -67,6 +68,7 @@ class Config:
         self.python = python
         self.sacct = sacct
         self.slurmd = slurmd
+        self.squeue = squeue
         # [hints] as written: the hints module knows its rules and checks these itself.
         self.hints: dict[str, str] = dict(hints or {})
 
@@ -102,6 +104,7 @@ _KEYS = [
     ("log", "file", "log_file", str),
     ("slurm", "sacct", "sacct", str),
     ("slurm", "slurmd", "slurmd", str),
+    ("slurm", "squeue", "squeue", str),
 ]
 
 
@@ -149,6 +152,23 @@ def load_config(path: str | None = None) -> Config:
     if config.sim_time_scale != 1 and not config.sim_devices:
         raise ConfigError(f"{path}: [sim] time_scale needs [sim] devices (its clock starts there)")
     return config
+
+
+# Where Slurm's commands usually are: a prolog's environment has no PATH of its own.
+COMMAND_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/slurm/bin",
+                "/opt/slurm/sbin")
+
+
+def find_command(command: str) -> str:
+    """A command as configured: a path stays as it is; a bare name is looked for on PATH,
+    then in the usual places. Unfound, the name itself (running it then fails, and the
+    caller says so)."""
+    if "/" in command:
+        return command
+    import shutil  # here: the prolog imports this module and never needs it
+
+    search = os.pathsep.join([os.environ.get("PATH", ""), *COMMAND_DIRS])
+    return shutil.which(command, path=search) or command
 
 
 def driver_clock(config: Config) -> Callable[[], float]:

@@ -7,10 +7,10 @@ with the accounting code.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 
+from ..config import find_command
 from ..hostlist import expand_hostlist
 
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
@@ -26,9 +26,7 @@ def gres_gpu_minors(
     a MIG capability (/dev/nvidia-caps/nvidia-capN) maps to (GPU minor, GPU instance id)
     through the driver's `mig_minors` table. {} when slurmd cannot answer; a position it
     cannot map is left out (and the binding refuses it, rather than guess)."""
-    if "/" not in slurmd:  # a prolog's PATH often lacks the sbin directories
-        search = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin"
-        slurmd = shutil.which(slurmd, path=search) or slurmd
+    slurmd = find_command(slurmd)  # a prolog's PATH often lacks the sbin directories
     try:
         done = subprocess.run([slurmd, "-G", "-N", node], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):

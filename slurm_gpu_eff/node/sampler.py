@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..config import Config, load_config
+from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, GpuLost
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
 from .binding import gres_gpu_minors
@@ -316,7 +316,7 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     next_checkpoint = now  # checkpoint right after the first reading
     next_live = now + min(config.live_s, config.checkpoint_s)
     live = LiveDelivery(config, spool, log)
-    orphan = OrphanWatch(sampler.job, squeue_for(config))
+    orphan = OrphanWatch(sampler.job, squeue_for(config), log)
     while not stopper.requested:
         sampler.sample_once()
         now = sampler.monotonic()
@@ -349,9 +349,11 @@ class OrphanWatch:
 
     CHECKS = 3
 
-    def __init__(self, job: JobContext, squeue: str = "squeue") -> None:
+    def __init__(self, job: JobContext, squeue: str = "squeue", log: HookLog | None = None) -> None:
         self.job = job
         self.squeue = squeue
+        self.log = log
+        self.told = False  # squeue's failure is logged once, not at every checkpoint
         self.seen = False
         self.missing = 0
 
@@ -370,17 +372,26 @@ class OrphanWatch:
                 [self.squeue, "-h", "-j", self.job.job_id, "-o", "%T"],
                 capture_output=True, text=True, timeout=30, check=False,
             )
-        except (OSError, subprocess.SubprocessError):
+        except (OSError, subprocess.SubprocessError) as exc:
+            self._tell(f"cannot run {self.squeue} ([slurm] squeue): {exc}")
             return True
         if done.returncode != 0 and "Invalid job id" not in done.stderr:
+            self._tell(f"{self.squeue} failed: {(done.stderr.strip().splitlines() or ['?'])[0]}")
             return True
         return done.stdout.strip() in ("RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING")
 
+    def _tell(self, what: str) -> None:
+        if self.log is not None and not self.told:
+            self.told = True
+            self.log.write(f"{what}: the job's end cannot be confirmed, so I keep sampling")
+
 
 def squeue_for(config: Config) -> str:
-    """squeue from where sacct is configured to be."""
+    """squeue as configured, else from where sacct is configured to be."""
     folder = os.path.dirname(config.sacct)
-    return os.path.join(folder, "squeue") if folder else "squeue"
+    if config.squeue == "squeue" and folder:
+        return os.path.join(folder, "squeue")
+    return find_command(config.squeue)
 
 
 def finish_orphan(sampler: Sampler, summary_path: str, live: LiveDelivery, log: HookLog) -> None:
@@ -450,6 +461,10 @@ def run(job_dir: str, config: Config) -> None:
     try:
         session = GpuSession(config)
         minors = gres_gpu_minors(job.node, config.slurmd, config.mig_minors_for(job.node))
+        if not minors:  # never silent: on a node whose gres order is not the minors', wrong GPUs
+            log.write(f"'{config.slurmd} -G' gave no GPU list ([slurm] slurmd): Slurm's GPU "
+                      "indexes are taken as device minors, right only where gres.conf lists "
+                      "/dev/nvidia[0-N] in order")
         gpus = session.bind(parse_job_gpus(job.job_gpus), minors)
         log.write(f"sampling {len(gpus)} GPU(s): Slurm indexes {[g.index for g in gpus]} "
                   f"= minors {[g.minor for g in gpus]}")
