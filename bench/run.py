@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 PROLOG = str(REPO / "prolog" / "gpueff-prolog")
+EPILOG = str(REPO / "epilog" / "gpueff-epilog")
 STANDIN = str(REPO / "build" / "nvml" / "current" / "libnvidia-ml.so.1")  # `make` builds it
 GPUS = 4
 
@@ -61,7 +62,7 @@ def setup(root: Path, interval: float) -> dict[str, str]:
     (root / "gpueff.conf").write_text(
         f"[gpu]\nlibrary = {STANDIN}\n[sim]\ndevices = {root}/devices.json\nstate_dir = {root}/state\n"
         f"[sampler]\ninterval_s = {interval}\ncheckpoint_s = 60\nlive_s = 3600\n"
-        f"[spool]\ndir = {root}/spool/%n\n[store]\npath = {root}/store.db\n"
+        f"[spool]\ndir = {root}/spool/%n\nretry_s = 0.5\nretry_max_s = 1\n[store]\npath = {root}/store.db\n"
         f"[log]\nfile = {root}/log/%n.log\n[hooks]\npython = {PYTHON}\n"
     )
     return {
@@ -104,6 +105,35 @@ def bench_prolog(root: Path, runs: int) -> tuple[float, float]:
     bare = median_wall([PYTHON, "-c", "pass"], env, runs, settle)
     prolog = median_wall([PROLOG], env, runs, settle)
     return prolog, bare
+
+
+def bench_epilog(root: Path, runs: int) -> float:
+    """Median epilog wall time with the store held locked by a reader all along: the
+    epilog posts, starts the deliverer and returns; it must not wait on the store."""
+    import sqlite3
+
+    env = setup(root / "epilog", 1.0)
+    spool = root / "epilog" / "spool"
+    store = root / "epilog" / "store.db"
+    sqlite3.connect(store).execute("create table if not exists held (x)").connection.commit()
+    holder = sqlite3.connect(store, timeout=0)
+    holder.execute("begin exclusive")
+    times = []
+    try:
+        for run in range(runs):
+            job = {**env, "SLURM_JOB_ID": str(5000 + run)}
+            subprocess.run([PROLOG], env=job, check=True)
+            checkpoint = spool / "bench" / "jobs" / job["SLURM_JOB_ID"] / "summary.json"
+            deadline = time.monotonic() + 10
+            while not checkpoint.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            start = time.perf_counter()
+            subprocess.run([EPILOG], env=job, check=True)
+            times.append(time.perf_counter() - start)
+    finally:
+        holder.execute("rollback")
+        holder.close()
+    return statistics.median(times)
 
 
 def run_sampler(
@@ -218,6 +248,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpueff-bench-") as tmp:
         root = Path(tmp)
         prolog, bare = bench_prolog(root, args.runs)
+        epilog = bench_epilog(root, max(5, args.runs // 4))
         env = setup(root / "sampler", args.interval)
         run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
         # Sampler and baseline in turns, medians of --rounds: on a 2-core machine with the
@@ -234,6 +265,8 @@ def main() -> int:
     rows = [
         ("prolog wall time (median)", f"{prolog * 1000:.1f} ms",
          f"{prolog / bare:.2f}x bare start ({bare * 1000:.1f} ms)", "<= 3x", prolog / bare <= 3),
+        ("epilog wall time, store locked", f"{epilog * 1000:.1f} ms",
+         f"{epilog / bare:.2f}x bare start", "<= 500 ms", epilog <= 0.5),
         (f"sampler CPU per GPU-sample ({GPUS} GPUs)", f"{per_sample * 1000:.3f} ms",
          f"{ratio:.2f}x its bare NVML calls ({baseline * 1000:.3f} ms)",
          "<= 1 ms, <= 1.5x", per_sample <= 0.001 and ratio <= 1.5),

@@ -303,6 +303,8 @@ checkpoint_s = 2
 live_s = 5
 [spool]
 dir = $DIR/spool/%n
+retry_s = 2
+retry_max_s = 5
 [store]
 path = $DIR/store/gpueff.db
 [log]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from .config import load_config
 from .errors import GpuEffError
@@ -21,7 +22,8 @@ def report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpueff",
         description="GPU efficiency of a Slurm job: seff's figures plus what its GPUs did.",
-        epilog="Also: 'gpueff deliver' sends summaries waiting in a node's spool to the store.",
+        epilog="Also: 'gpueff spool status' says what waits in a node's spool and why; "
+               "'gpueff spool flush' delivers it to the store now.",
     )
     parser.add_argument("job_id", metavar="JOBID", help="job id, e.g. 1234 or 1234_7")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -29,11 +31,14 @@ def report_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def deliver_parser() -> argparse.ArgumentParser:
+def spool_parser(prog: str = "gpueff spool") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gpueff deliver",
-        description="Deliver node summaries waiting in the spool to the store (run as root).",
+        prog=prog,
+        description="A node's spool: what waits for the store and why (status), or deliver "
+                    "it now (flush, as root). 'gpueff deliver' is 'gpueff spool flush'.",
     )
+    if prog == "gpueff spool":
+        parser.add_argument("action", choices=("status", "flush"))
     parser.add_argument("--node", default=os.uname().nodename.split(".")[0],
                         help="node whose spool to deliver (default: this host)")
     _common(parser)
@@ -70,23 +75,46 @@ def cmd_report(args: argparse.Namespace) -> str:
     return render_json(report) if args.json else render_text(report)
 
 
-def cmd_deliver(args: argparse.Namespace) -> str:
+def cmd_spool(args: argparse.Namespace) -> str:
     from .node.spool import Spool
-    from .store.deliver import deliver
+    from .store.deliver import Busy, flush, spool_status
     from .store.sqlite import Store
 
     config = load_config(args.config)
     spool = Spool(config.spool_for(args.node))
-    result = deliver(spool, Store(config.store_path))
+    if getattr(args, "action", "flush") == "status":
+        return _status_text(spool_status(spool), spool.outbox)
+    try:
+        result = flush(spool, lambda: Store(config.store_path))
+    except Busy as exc:
+        raise GpuEffError(f"{exc}: it delivers what waits; see 'gpueff spool status'") from exc
     lines = [f"delivered {result.delivered}, skipped {result.skipped} older than stored"]
+    lines += [f"rejected by the store, kept with the reason: {p}" for p in result.dead]
     lines += [f"not a summary, set aside: {p}" for p in result.set_aside]
+    return "\n".join(lines) + "\n"
+
+
+def _status_text(status: Any, outbox: str) -> str:
+    lines = [f"{outbox}: {len(status.pending)} waiting, {len(status.inflight)} in flight, "
+             f"{len(status.dead)} rejected, {len(status.corrupt)} not summaries"]
+    if status.deliverer:
+        lines.append(f"a delivery is running (pid {status.deliverer})")
+    if status.retrier:
+        lines.append(f"the store was unreachable: pid {status.retrier} retries it until it is back")
+    elif status.pending or status.inflight:
+        lines.append("no delivery is running: 'gpueff spool flush' delivers them now")
+    lines += [f"waiting: {p}" for p in status.pending + status.inflight]
+    lines += [f"rejected: {p}: {why}" for p, why in status.dead]
+    lines += [f"not a summary: {p}" for p in status.corrupt]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["deliver"]:
-        parser, command, argv = deliver_parser(), cmd_deliver, argv[1:]
+        parser, command, argv = spool_parser("gpueff deliver"), cmd_spool, argv[1:]
+    elif argv[:1] == ["spool"]:
+        parser, command, argv = spool_parser(), cmd_spool, argv[1:]
     else:
         parser, command = report_parser(), cmd_report
     args = parser.parse_args(argv)

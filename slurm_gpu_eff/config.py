@@ -41,6 +41,11 @@ class Config:
         checkpoint_s: float = 60.0,
         live_s: float = 300.0,  # how often a running job's figures reach the store
         spool_dir: str = "/var/spool/slurm-gpu-eff/%n",
+        # An unreachable store: the node's retrier tries again after retry_s, doubling the
+        # wait up to retry_max_s, for retry_for_s (no new job on the node needed).
+        retry_s: float = 30.0,
+        retry_max_s: float = 600.0,
+        retry_for_s: float = 86400.0,
         store_path: str = "/var/lib/slurm-gpu-eff/gpueff.db",
         log_file: str = "/var/log/slurm-gpu-eff/%n.log",
         hook_timeout_s: float = 10.0,  # hard bound for a prolog or epilog
@@ -61,6 +66,9 @@ class Config:
         self.checkpoint_s = checkpoint_s
         self.live_s = live_s
         self.spool_dir = spool_dir
+        self.retry_s = retry_s
+        self.retry_max_s = retry_max_s
+        self.retry_for_s = retry_for_s
         self.store_path = store_path
         self.log_file = log_file
         self.hook_timeout_s = hook_timeout_s
@@ -100,6 +108,9 @@ _KEYS = [
     ("hooks", "timeout_s", "hook_timeout_s", float),
     ("hooks", "python", "python", str),
     ("spool", "dir", "spool_dir", str),
+    ("spool", "retry_s", "retry_s", float),
+    ("spool", "retry_max_s", "retry_max_s", float),
+    ("spool", "retry_for_s", "retry_for_s", float),
     ("store", "path", "store_path", str),
     ("log", "file", "log_file", str),
     ("slurm", "sacct", "sacct", str),

@@ -38,6 +38,11 @@ class StoreError(GpuEffError):
     exit_code = 7
 
 
+class StoreRejected(StoreError):
+    """The store will never take this summary, however often it is offered (a constraint
+    it breaks, a value it cannot hold): set it aside, deliver the others."""
+
+
 class SpoolError(GpuEffError):
     exit_code = 8
 

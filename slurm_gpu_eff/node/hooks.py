@@ -4,7 +4,8 @@ Both are bounded in time by an interval timer, log their own failures, and retur
 whatever happens: a prolog that fails drains the node and requeues the job.
 - prolog: make the job's spool directory, start the detached sampler, return.
 - epilog: stop the sampler (bounded wait), turn its last checkpoint into the node's
-  summary, post it to the outbox, then deliver the outbox to the store (bounded).
+  summary, post it to the outbox, start a detached deliverer, return: it never waits on
+  the store.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def sampler_command(config: Config, job_dir: str) -> list[str]:
     return [config.python, "-I", "-m", "slurm_gpu_eff.node.sampler", job_dir]
 
 
+def child_env(env: Mapping[str, str], config: Config) -> dict[str, str]:
+    """What a process the hook starts sees: Slurm's variables and the config we were given."""
+    return dict(env, GPUEFF_CONFIG=config.path) if config.path else dict(env)
+
+
 def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     job = JobContext.from_env(env)
     gpus = parse_job_gpus(job.job_gpus)  # BindingError is logged by main(); no sampler then
@@ -50,8 +56,7 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
         raise SpoolError(f"cannot create {job_dir}: {exc.strerror}") from exc
     # The sampler reads the job from Slurm's variables and the config we were given: no
     # other description of the job, so the prolog writes no JSON (json imports re).
-    sampler_env = dict(env, GPUEFF_CONFIG=config.path) if config.path else dict(env)
-    pid = start_detached(sampler_command(config, job_dir), sampler_env)
+    pid = start_detached(sampler_command(config, job_dir), child_env(env, config))
     with open(os.path.join(job_dir, PID_FILE), "w", encoding="ascii") as handle:
         handle.write(f"{pid}\n")
     log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={job.job_gpus}")
@@ -72,7 +77,7 @@ def start_detached(command: list[str], env: Mapping[str, str]) -> int:
         os._exit(0)
 
 
-def epilog(env: Mapping[str, str], config: Config, log: HookLog, deadline: float) -> None:
+def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     job = JobContext.from_env(env)
     spool = Spool(config.spool_for(job.node))
     job_dir = spool.job_dir(job.job_id)
@@ -93,7 +98,7 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog, deadline: float
 
     shutil.rmtree(job_dir, ignore_errors=True)
     log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
-    deliver(config, spool, log, deadline)
+    deliver(config, spool, env, log)
 
 
 def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
@@ -148,25 +153,15 @@ def _wait_for_exec(pid: int, job_dir: str, wait_s: float = 0.5) -> bool:
     return True
 
 
-def deliver(config: Config, spool: Spool, log: HookLog, deadline: float) -> None:
-    """Move the outbox into the store, in a child so a slow store cannot outlive the hook."""
-    budget = deadline - time.monotonic() - 0.5
-    if budget < 0.5:
-        log.write("no time left to deliver; the summary waits in the outbox")
-        return
-    import subprocess  # here, not at the top: the prolog never needs it and it costs ms
-
+def deliver(config: Config, spool: Spool, env: Mapping[str, str], log: HookLog) -> None:
+    """Hand the outbox to a detached deliverer and return: the node stays COMPLETING, of
+    no use to anyone, for as long as the epilog runs, so it never waits on the store. The
+    deliverer retries by itself while the store is away (store/deliver.py)."""
     command = [config.python, "-I", "-m", "slurm_gpu_eff.store.deliver", spool.root]
     try:
-        done = subprocess.run(
-            command, stdin=subprocess.DEVNULL, capture_output=True, timeout=budget, check=False
-        )
-    except subprocess.TimeoutExpired:
-        log.write(f"delivery took over {budget:.1f} s; the summary waits in the outbox")
-        return
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-        log.write(f"delivery failed ({tail[0]}); the summary waits in the outbox")
+        start_detached(command, child_env(env, config))
+    except OSError as exc:  # the summary is in the outbox: the next delivery takes it
+        log.write(f"cannot start the delivery ({exc}); the summary waits in the outbox")
 
 
 def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
@@ -180,7 +175,6 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
         HookLog(config.log_for(node), env.get("SLURM_JOB_ID", "?"), kind).write(str(exc))
         return 0
     log = HookLog(config.log_for(node), env.get("SLURM_JOB_ID", "?"), kind)
-    deadline = time.monotonic() + config.hook_timeout_s
 
     def on_timer(signum: int, frame: object) -> None:
         raise HookTimeout()
@@ -191,7 +185,7 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
         if kind == "prolog":
             prolog(env, config, log)
         elif kind == "epilog":
-            epilog(env, config, log, deadline)
+            epilog(env, config, log)
         else:
             log.write(f"unknown hook {kind!r}")
     except HookTimeout:

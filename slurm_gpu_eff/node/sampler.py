@@ -444,7 +444,7 @@ class LiveDelivery:
 
 def spawn_delivery(config: Config, spool_root: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [config.python, "-I", "-m", "slurm_gpu_eff.store.deliver", spool_root],
+        [config.python, "-I", "-m", "slurm_gpu_eff.store.deliver", spool_root, "--once"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )

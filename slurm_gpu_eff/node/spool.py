@@ -4,7 +4,10 @@
     SPOOL/jobs/JOBID/sampler.pid   the detached sampler
     SPOOL/jobs/JOBID/summary.json  the sampler's latest checkpoint (a NodeSummary)
     SPOOL/outbox/*.json            node summaries waiting for the store
+    SPOOL/outbox/inflight/         taken by the deliverer (a dead one's wait for the next)
+    SPOOL/outbox/dead/             summaries the store rejected, each with a .reason beside it
     SPOOL/outbox/corrupt/          files that were not summaries, kept for a human
+    SPOOL/outbox/deliver.lock      held by the one deliverer at work on this spool
 
 Every write is atomic (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never half of one. Summaries go to the outbox first and to the store
@@ -47,6 +50,48 @@ class Spool:
         except OSError as exc:
             raise SpoolError(f"cannot list {self.outbox}: {exc.strerror}") from exc
         return [os.path.join(self.outbox, n) for n in names if n.endswith(".json")]
+
+    @property
+    def inflight(self) -> str:
+        return os.path.join(self.outbox, "inflight")
+
+    @property
+    def dead(self) -> str:
+        return os.path.join(self.outbox, "dead")
+
+    def take(self, path: str) -> str | None:
+        """Move a pending summary into inflight/ under a name of its own, before reading it:
+        a summary posted meanwhile under the same name is a new file, never touched."""
+        import time
+
+        target = os.path.join(self.inflight, f"{time.time_ns():020d}-{os.path.basename(path)}")
+        try:
+            os.makedirs(self.inflight, exist_ok=True)
+            os.rename(path, target)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SpoolError(f"cannot move {path} into {self.inflight}: {exc.strerror}") from exc
+        return target
+
+    def taken(self) -> list[str]:
+        """What a deliverer took and did not finish (it died, or the store went away)."""
+        try:
+            names = sorted(os.listdir(self.inflight))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SpoolError(f"cannot list {self.inflight}: {exc.strerror}") from exc
+        return [os.path.join(self.inflight, n) for n in names if n.endswith(".json")]
+
+    def bury(self, path: str, reason: str) -> str:
+        """A summary the store rejected: kept, with why, for a human (spool status)."""
+        os.makedirs(self.dead, exist_ok=True)
+        target = os.path.join(self.dead, os.path.basename(path))
+        with open(f"{target}.reason", "w", encoding="utf-8") as handle:
+            handle.write(reason + "\n")
+        os.replace(path, target)
+        return target
 
     def set_aside(self, path: str, name: str | None = None) -> str:
         """Move a file that is not a summary out of the way, keeping it for inspection."""

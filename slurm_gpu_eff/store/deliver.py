@@ -1,73 +1,81 @@
-"""Delivery: the node outbox into the store. Run by the epilog (in a child, bounded),
-by the sampler for live figures, and by `gpueff deliver` for anything left behind.
+"""Delivery: the node outbox into the store, losing nothing and mixing nothing up.
 
-A file is claimed by renaming it before it is read, so a summary posted while a
-delivery runs is never deleted unread; a claim whose deliverer died is taken over.
+- One deliverer per spool at a time: an flock on OUTBOX/deliver.lock (the kernel lets go
+  of it when its holder dies, so no claim is ever stale).
+- A summary is moved into OUTBOX/inflight/ under a name of its own before it is read; a
+  summary posted meanwhile under the same name is a new file, never touched. What a
+  deliverer took and did not finish waits in inflight/ for the next one, which delivers
+  it first.
+- Every summary is offered to the store, none is judged against its neighbours here: the
+  store keeps the final one and the newest (its writes are idempotent and ordered), so a
+  late live copy can neither replace nor delete a final summary.
+- A summary the store rejects goes to OUTBOX/dead/ with the reason beside it, and the
+  others go on; one bad summary never holds up a node's outbox.
+- When the store is unreachable the summaries stay, and one retrier per spool (an flock on
+  OUTBOX/retry.lock) tries again, waiting `retry_s`, doubling up to `retry_max_s`, for
+  `retry_for_s`: no new job on the node and no command is needed.
+The epilog and the sampler start this module as a detached process and never wait for it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..config import load_config
-from ..errors import GpuEffError, SpoolError
+from ..config import Config, load_config
+from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
+from ..node.log import HookLog
 from ..node.spool import SUMMARY, Spool, is_sampler, read_summary, sampler_pid
 from .sqlite import Store
-
-CLAIM = ".claim-"
 
 
 @dataclass
 class Delivery:
     delivered: int = 0
     skipped: int = 0  # older than what the store has
-    set_aside: list[str] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)  # not summaries: outbox/corrupt/
+    dead: list[str] = field(default_factory=list)  # rejected by the store: outbox/dead/
     swept: list[str] = field(default_factory=list)  # abandoned job directories posted
 
 
-def claim(path: str) -> str | None:
-    target = f"{path}{CLAIM}{os.getpid()}"
-    try:
-        os.replace(path, target)
-        return target
-    except FileNotFoundError:
-        return None  # another deliverer took it
+class Busy(GpuEffError):
+    """Another deliverer holds the spool."""
 
 
-def stale_claims(spool: Spool) -> list[str]:
-    """Claims whose deliverer is gone, put back under their own name."""
-    found = []
+@contextmanager
+def locked(spool: Spool, name: str = "deliver.lock", wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the spool's lock `name` (waiting up to wait_s for it), or raise Busy."""
+    os.makedirs(spool.outbox, exist_ok=True)
+    fd = os.open(os.path.join(spool.outbox, name), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        names = os.listdir(spool.outbox)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise Busy(f"another delivery holds {spool.outbox}/{name} "
+                               f"(pid {_holder(fd)})") from None
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # lets go of the lock
+
+
+def _holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
     except OSError:
-        return []
-    for name in names:
-        base, sep, pid = name.rpartition(CLAIM)
-        if sep and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            original = os.path.join(spool.outbox, base)
-            if put_back(os.path.join(spool.outbox, name), original):
-                found.append(original)
-    return found
-
-
-def put_back(claimed: str, path: str) -> bool:
-    """Return a claimed file to its name, unless a newer summary was posted there since:
-    link() never replaces, so the newer one always wins."""
-    try:
-        os.link(claimed, path)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    try:
-        os.unlink(claimed)
-    except OSError:
-        pass
-    return True
+        return "?"
 
 
 ABANDONED_S = 600.0  # a job directory untouched this long, with no sampler, was forgotten
@@ -106,47 +114,149 @@ def sweep_abandoned(spool: Spool, now: float | None = None) -> list[str]:
 
 
 def deliver(spool: Spool, store: Store) -> Delivery:
-    """Deliver every pending summary; raises StoreError when the store fails (files stay)."""
+    """One pass over the spool, under its lock (taken by the caller: see `locked`).
+    Raises StoreError when the store fails; what was not delivered stays in inflight/."""
     result = Delivery()
     result.swept = sweep_abandoned(spool)
-    stale_claims(spool)
-    for path in spool.pending():
-        claimed = claim(path)
-        if claimed is None:
-            continue
+    taken = spool.taken()  # a dead deliverer's first: they are older than what waits
+    taken += [t for t in map(spool.take, spool.pending()) if t is not None]
+    for path in taken:
         try:
-            summary = read_summary(claimed)
+            summary = read_summary(path)
         except SpoolError:
-            result.set_aside.append(spool.set_aside(claimed, os.path.basename(path)))
+            result.set_aside.append(spool.set_aside(path, os.path.basename(path)))
             continue
         try:
             stored = store.put(summary)
-        except GpuEffError:
-            _unclaim(claimed, path)
-            raise
+        except StoreRejected as exc:
+            result.dead.append(spool.bury(path, str(exc)))
+            continue
         result.delivered += stored
         result.skipped += not stored
-        os.unlink(claimed)
+        os.unlink(path)
     return result
 
 
-def _unclaim(claimed: str, path: str) -> None:
-    """Give a file back after a failed delivery, unless a newer one was posted meanwhile."""
-    put_back(claimed, path)
+def waiting(spool: Spool) -> int:
+    return len(spool.pending()) + len(spool.taken())
+
+
+def deliver_until_done(
+    spool: Spool, open_store: Callable[[], Store], config: Config, log: HookLog,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Delivery | None:
+    """The detached deliverer: a pass now; if the store is away, become the spool's one
+    retrier (or leave it to the one there is) and try again with growing waits."""
+    result = _attempt(spool, open_store, log)
+    if result is not None or not waiting(spool):
+        return result
+    try:
+        with locked(spool, "retry.lock"):
+            wait, give_up = config.retry_s, time.monotonic() + config.retry_for_s
+            while waiting(spool):
+                if time.monotonic() + wait > give_up:
+                    log.write(f"the store is still unreachable after {config.retry_for_s:g} s: "
+                              f"{waiting(spool)} summaries wait in {spool.outbox}")
+                    return None
+                sleep(wait)
+                wait = min(wait * 2, config.retry_max_s)
+                result = _attempt(spool, open_store, log, quiet=True)
+                if result is not None:
+                    log.write(f"the store is back: {result.delivered} summaries delivered")
+            return result
+    except Busy:
+        return None  # a retrier is at work on this spool already
+
+
+def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
+             quiet: bool = False) -> Delivery | None:
+    """One pass under the lock; None when the store failed (the summaries stay)."""
+    try:
+        with locked(spool, wait_s=60.0):
+            result = deliver(spool, open_store())
+    except Busy as exc:
+        log.write(f"delivery skipped: {exc}")
+        return None
+    except StoreError as exc:
+        if not quiet:
+            log.write(f"the store is unreachable ({exc}); the summaries wait and are retried")
+        return None
+    for path in result.dead:
+        log.write(f"the store rejected a summary; kept in {path} with the reason")
+    for path in result.set_aside:
+        log.write(f"not a summary, set aside: {path}")
+    return result
+
+
+@dataclass
+class SpoolStatus:
+    pending: list[str]  # waiting in the outbox
+    inflight: list[str]  # taken by a deliverer that died or met a store that went away
+    dead: list[tuple[str, str]]  # (file, why the store rejected it)
+    corrupt: list[str]  # files that were not summaries
+    deliverer: str | None  # pid of the deliverer at work, if any
+    retrier: str | None  # pid of the retrier waiting for the store, if any
+
+
+def spool_status(spool: Spool) -> SpoolStatus:
+    """What waits in a node's spool and why: for `gpueff spool status`."""
+    def listed(folder: str, keep: Callable[[str], bool]) -> list[str]:
+        try:
+            return sorted(os.path.join(folder, n) for n in os.listdir(folder) if keep(n))
+        except OSError:
+            return []
+
+    dead = []
+    for path in listed(spool.dead, lambda n: n.endswith(".json")):
+        try:
+            with open(f"{path}.reason", encoding="utf-8") as handle:
+                dead.append((path, handle.read().strip()))
+        except OSError:
+            dead.append((path, "no reason recorded"))
+    return SpoolStatus(
+        pending=spool.pending(), inflight=spool.taken(), dead=dead,
+        corrupt=listed(os.path.join(spool.outbox, "corrupt"), lambda n: True),
+        deliverer=_busy(spool, "deliver.lock"), retrier=_busy(spool, "retry.lock"),
+    )
+
+
+def _busy(spool: Spool, name: str) -> str | None:
+    """The pid holding one of the spool's locks, or None when nobody does."""
+    try:
+        fd = os.open(os.path.join(spool.outbox, name), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)
+
+
+def flush(spool: Spool, store: Callable[[], Store], wait_s: float = 30.0) -> Delivery:
+    """Deliver now (`gpueff spool flush`): waits up to wait_s for a deliverer at work."""
+    with locked(spool, wait_s=wait_s):
+        return deliver(spool, store())
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m slurm_gpu_eff.store.deliver SPOOL_DIR", file=sys.stderr)
+    """python -m slurm_gpu_eff.store.deliver SPOOL_DIR [--once]"""
+    if not argv or len(argv) > 2 or (len(argv) == 2 and argv[1] != "--once"):
+        print("usage: python -m slurm_gpu_eff.store.deliver SPOOL_DIR [--once]", file=sys.stderr)
         return 2
     try:
-        store = Store(load_config().store_path)
-        result = deliver(Spool(argv[0]), store)
-    except GpuEffError as exc:
-        print(f"delivery failed: {exc}", file=sys.stderr)
-        return 1
-    for path in result.set_aside:
-        print(f"not a summary, set aside: {path}", file=sys.stderr)
+        config = load_config()
+        spool = Spool(argv[0])
+        log = HookLog(config.log_for(os.environ.get("SLURMD_NODENAME", "")), "-", "deliver")
+        store = lambda: Store(config.store_path)  # noqa: E731  (opened inside the lock)
+        if len(argv) == 2:
+            _attempt(spool, store, log)
+        else:
+            deliver_until_done(spool, store, config, log)
+    except Exception as exc:  # a detached process: its failure goes to the log, never raised
+        print(f"delivery failed: {exc!r}", file=sys.stderr)
     return 0
 
 

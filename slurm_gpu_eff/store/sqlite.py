@@ -16,7 +16,7 @@ from typing import Any
 import sqlite_utils
 from sqlite_utils import Migrations
 
-from ..errors import SpoolError, StoreError
+from ..errors import SpoolError, StoreError, StoreRejected
 from ..model import GpuSummary, NodeSummary
 
 migrations = Migrations("slurm-gpu-eff")
@@ -44,6 +44,14 @@ def m001_summaries(db: sqlite_utils.Database) -> None:
     )
     db["gpus"].create_index(["sampled_until"])  # type: ignore[union-attr]
     db["gpus"].create_index(["user", "sampled_until"])  # type: ignore[union-attr]
+
+
+@migrations()
+def m002_mig_slices_apart(db: sqlite_utils.Database) -> None:
+    """Two MIG slices of one GPU share its minor: a GPU row is keyed by its GPU instance
+    too (-1 for a whole GPU), or a job on two slices breaks the key at every delivery."""
+    db["gpus"].add_column("mig_gi_id", int, not_null_default=-1)  # type: ignore[union-attr]
+    db["gpus"].transform(pk=("cluster", "job_id", "node", "minor", "mig_gi_id"))  # type: ignore[union-attr]
 
 
 class Store:
@@ -88,7 +96,11 @@ class Store:
                     conn.execute("rollback")
                 raise
             return True
-        except sqlite3.Error as exc:
+        except (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError, TypeError,
+                ValueError, OverflowError) as exc:
+            # The store will never take this one: retrying it would hold up the others.
+            raise StoreRejected(f"the store rejects {summary.job_id} on {summary.node}: {exc}") from exc
+        except sqlite3.Error as exc:  # locked, disk full, I/O: the store may come back
             raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
 
     def node_summaries(self, job_id: str, cluster: str | None = None) -> list[NodeSummary]:
@@ -143,5 +155,5 @@ def _gpu_row(s: NodeSummary, g: GpuSummary) -> dict[str, Any]:
         "mem_used_max_bytes": g.metric("mem_used_bytes", "max"),
         "mem_total_bytes": g.memory_total_bytes, "power_mean_w": g.metric("power_w"),
         "energy_j": g.energy_j, "samples": g.samples, "sampled_s": g.sampled_s,
-        "sampled_until": s.sampled_until,
+        "sampled_until": s.sampled_until, "mig_gi_id": -1 if g.mig_gi_id is None else g.mig_gi_id,
     }

@@ -268,8 +268,24 @@ class HookSite:
     def is_running(self, pid: int) -> bool:
         return runs_under(pid, self.root)
 
+    def settled(self, timeout: float = 15.0) -> None:
+        """Until the deliverer the epilog started in the background has done its work:
+        nothing waits in the outbox or in flight, and nobody holds the spool."""
+        from slurm_gpu_eff.node.spool import Spool
+        from slurm_gpu_eff.store.deliver import spool_status
+
+        spool = Spool(str(self.spool_root))
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            status = spool_status(spool)
+            if not (status.pending or status.inflight or status.deliverer):
+                return
+            time.sleep(0.02)
+
     def stored(self, job_id: str = "4242") -> list[model.NodeSummary]:
-        """What the store holds for the job ([] when there is no store at all)."""
+        """What the store holds for the job once delivery settled ([] when there is no
+        store at all)."""
+        self.settled()
         if not self.store_path.exists():
             return []
         from slurm_gpu_eff.store.sqlite import Store

@@ -40,19 +40,6 @@ def test_hook_time_bounds_that_cannot_work_are_refused(tmp_path: Path, text: str
         load_config(str(path))
 
 
-def test_a_dead_deliverers_claim_never_replaces_a_newer_summary(tmp_path: Path) -> None:
-    spool = Spool(str(tmp_path / "spool"))
-    final = spool.post(summary(COMPLETE, 200.0))
-    stale = f"{final}.claim-999999999"  # an older live snapshot, claimed by a dead process
-    Path(stale).write_text(Path(final).read_text().replace('"complete"', '"running"')
-                           .replace("200.0", "100.0"))
-    store = Store(str(tmp_path / "store.db"))
-    assert deliver(spool, store).delivered >= 1
-    (stored,) = store.node_summaries("7")
-    assert (stored.status, stored.sampled_until) == (COMPLETE, 200.0)
-    assert os.listdir(spool.outbox) == []
-
-
 def test_put_checks_and_writes_under_one_lock(tmp_path: Path) -> None:
     """A final summary written by another connection between our check and our write must
     win: put() takes the write lock before it reads."""
