@@ -66,10 +66,20 @@ class Store:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 conn = sqlite3.connect(path, timeout=30)
             self.db = sqlite_utils.Database(conn)
+            self._check_not_newer()
             if not readonly:
                 migrations.apply(self.db)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {path}: {exc}") from exc
+
+    def _check_not_newer(self) -> None:
+        """A store that a newer slurm-gpu-eff has migrated is never written by this one (nor
+        read as if it knew its shape): a clear error, not silent damage."""
+        known = {m.name for m in migrations._migrations}
+        unknown = [m.name for m in migrations.applied(self.db) if m.name not in known]
+        if unknown:
+            raise StoreError(f"the store {self.path} was upgraded by a newer slurm-gpu-eff "
+                             f"(schema {', '.join(unknown)}): upgrade this one to use it")
 
     def put(self, summary: NodeSummary) -> bool:
         """Store a node summary unless a newer or final one is already there."""

@@ -288,3 +288,16 @@ def test_a_store_held_locked_delays_nothing_and_loses_nothing(hook_site: Any) ->
     while spool.pending() + spool.taken():
         assert time.monotonic() < end
         time.sleep(0.05)
+
+
+def test_a_store_newer_than_the_code_is_a_clear_error(tmp_path: Path) -> None:
+    path = str(tmp_path / "gpueff.db")
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("insert into _sqlite_migrations (migration_set, name, applied_at) "
+               "values ('slurm-gpu-eff', 'm099_from_the_future', '2030-01-01')")
+    db.commit()
+    db.close()
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match="upgraded by a newer slurm-gpu-eff .schema m099_from"):
+            Store(path, readonly=readonly)
