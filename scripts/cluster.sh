@@ -107,11 +107,18 @@ check_settings() {
     die "$STANDIN is missing: build the stand-in NVML library first (make cluster does)"
 }
 
-# Refuse to adopt (and later delete) a directory that `up` did not make.
+# Refuse to adopt (and later delete) a directory that `up` did not make, and one that
+# another user could have made or can write to: root's prolog and epilog run from it.
 prepare_dir() {
   if [ -d "$DIR" ] && [ ! -e "$MARKER" ] && [ -n "$(ls -A "$DIR")" ]; then
     die "$DIR exists, is not empty and was not made by cluster.sh; pick another GPUEFF_CLUSTER_DIR"
   fi
+  local path
+  for path in "$DIR" "$ETC" "$MARKER"; do
+    [ -e "$path" ] || continue
+    [ "$(stat -c %u "$path")" = 0 ] && [ -z "$(find "$path" -maxdepth 0 -perm /022)" ] ||
+      die "$path is not root's alone (owner $(stat -c %U "$path"), mode $(stat -c %a "$path")): root's prolog would run from it; remove it or pick another GPUEFF_CLUSTER_DIR"
+  done
   install -d -m 0755 "$DIR" "$ETC" "$RUN" "$LOG" "$DIR/slurm" \
     "$DIR/slurm/ctld" "$DIR/nodes" "$DIR/sim" "$DIR/store" "$DIR/spool"
   install -d -m 1777 "$DIR/sim/state" # jobs of unprivileged users write here
