@@ -97,6 +97,9 @@ class NodeSummary:
     sampled_from: float | None = None
     sampled_until: float | None = None
     ended_at: float | None = None  # epilog time
+    # When this run's prolog ran (wall clock): a requeued job, or a job id Slurm gave out
+    # again, is another run, stored apart and never merged with this one.
+    run_started_at: float | None = None
     gpus: list[GpuSummary] = field(default_factory=list)
     # Whether the GPUs measured are the job's own: {"status": "verified" | "unverified" |
     # "mismatch", "evidence": [...]} (node/verify.py); None from samplers before the check.

@@ -19,7 +19,7 @@ from ..config import Config, load_config
 from ..errors import GpuEffError, SpoolError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .spool import PID_FILE, SUMMARY, Spool, is_sampler, read_summary, sampler_pid
+from .spool import PID_FILE, SUMMARY, Spool, is_sampler, read_summary, run_started, sampler_pid
 
 # The prolog's imports are kept to the bare minimum (no typing, dataclasses, re,
 # subprocess): each costs milliseconds of start-up on every job. The epilog imports
@@ -56,9 +56,11 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
         raise SpoolError(f"cannot create {job_dir}: {exc.strerror}") from exc
     # The sampler reads the job from Slurm's variables and the config we were given: no
     # other description of the job, so the prolog writes no JSON (json imports re).
-    pid = start_detached(sampler_command(config, job_dir), child_env(env, config))
+    started = time.time()  # this run's identity: the job id alone is not (requeues)
+    sampler_env = dict(child_env(env, config), GPUEFF_RUN_STARTED=f"{started:.3f}")
+    pid = start_detached(sampler_command(config, job_dir), sampler_env)
     with open(os.path.join(job_dir, PID_FILE), "w", encoding="ascii") as handle:
-        handle.write(f"{pid}\n")
+        handle.write(f"{pid} {started:.3f}\n")
     log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={job.job_gpus}")
 
 
@@ -84,6 +86,7 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     if os.path.isdir(job_dir):
         stop_sampler(job_dir, config.stop_wait_s, log)
         summary = node_summary(job_dir, job, config)
+        summary.run_started_at = summary.run_started_at or run_started(job_dir)
     else:
         try:
             if not parse_job_gpus(job.job_gpus):

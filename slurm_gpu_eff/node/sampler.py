@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import Config, find_command, load_config
@@ -232,6 +232,7 @@ class Sampler:
         self._next_verify = 0.0  # monotonic time of the next look beyond the bound GPUs
         self.wait_s = config.interval_s / time_scale
         self.started_at = clock()
+        self.run_started_at = run_started_at(os.environ)
         self.sampled_from: float | None = None
         self.sampled_until: float | None = None
         self._last: float | None = None
@@ -281,6 +282,7 @@ class Sampler:
     def snapshot(self, status: str, reason: str = "") -> NodeSummary:
         return self.job.summary(
             status, reason, interval_s=self.config.interval_s, started_at=self.started_at,
+            run_started_at=self.run_started_at,
             sampled_from=self.sampled_from, sampled_until=self.sampled_until,
             gpus=[s.summary(self.job.node) for s in self.gpus], binding=self.binding.result(),
         )
@@ -386,6 +388,14 @@ class OrphanWatch:
             self.log.write(f"{what}: the job's end cannot be confirmed, so I keep sampling")
 
 
+def run_started_at(env: Mapping[str, str]) -> float | None:
+    """When the prolog of this run ran, as it told us (GPUEFF_RUN_STARTED)."""
+    try:
+        return float(env["GPUEFF_RUN_STARTED"])
+    except (KeyError, ValueError):
+        return None
+
+
 def squeue_for(config: Config) -> str:
     """squeue as configured, else from where sacct is configured to be."""
     folder = os.path.dirname(config.sacct)
@@ -475,7 +485,8 @@ def run(job_dir: str, config: Config) -> None:
     except GpuEffError as exc:
         log.write(f"cannot sample: {exc}")
         # Keep what was measured: a failure mid-job must not overwrite it with nothing.
-        summary = (job.summary(MISSING, str(exc), interval_s=config.interval_s) if sampler is None
+        summary = (job.summary(MISSING, str(exc), interval_s=config.interval_s,
+                               run_started_at=run_started_at(os.environ)) if sampler is None
                    else sampler.snapshot(PARTIAL, f"sampling stopped: {exc}"))
         checkpoint(summary_path, summary, log)
     finally:

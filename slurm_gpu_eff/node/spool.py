@@ -1,7 +1,8 @@
 """The node-local spool (standard library only: the hooks and the sampler use it).
 
     SPOOL/jobs/JOBID/job.json      what the prolog saw (JobContext)
-    SPOOL/jobs/JOBID/sampler.pid   the detached sampler
+    SPOOL/jobs/JOBID/sampler.pid   the detached sampler's pid, and when the prolog ran
+                                   (the run's identity: a requeued job keeps its id)
     SPOOL/jobs/JOBID/summary.json  the sampler's latest checkpoint (a NodeSummary)
     SPOOL/outbox/*.json            node summaries waiting for the store
     SPOOL/outbox/inflight/         taken by the deliverer (a dead one's wait for the next)
@@ -37,7 +38,10 @@ class Spool:
 
     def post(self, summary: NodeSummary) -> str:
         """Queue a node summary for the store; the newest one per job and node wins."""
-        name = f"{_safe(summary.cluster)}-{_safe(summary.job_id)}-{_safe(summary.node)}.json"
+        name = f"{_safe(summary.cluster)}-{_safe(summary.job_id)}-{_safe(summary.node)}"
+        if summary.run_started_at:  # a requeued run never overwrites the one before
+            name += f"-{int(summary.run_started_at)}"
+        name += ".json"
         path = os.path.join(self.outbox, name)
         write_json(path, summary.to_dict())
         return path
@@ -109,8 +113,17 @@ SUMMARY = "summary.json"
 def sampler_pid(job_dir: str) -> int | None:
     try:
         with open(os.path.join(job_dir, PID_FILE), encoding="ascii") as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError):
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_started(job_dir: str) -> float | None:
+    """When the prolog of this run of the job ran (epoch seconds), from the pid file."""
+    try:
+        with open(os.path.join(job_dir, PID_FILE), encoding="ascii") as handle:
+            return float(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
         return None
 
 

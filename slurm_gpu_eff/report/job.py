@@ -5,6 +5,8 @@ Pure data in, data out; the CLI fetches, this module computes, the renderer form
 
 from __future__ import annotations
 
+import time
+
 from ..errors import NoGpus, NoSummary
 from ..hostlist import expand_hostlist
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
@@ -28,12 +30,54 @@ def build_group(
     return GroupReport(job_id, kind, reports, unreported)
 
 
+RUN_SLACK_S = 5.0  # the nodes' clocks and the controller's may disagree by this much
+
+
+def this_run(job: SlurmJob, summaries: list[NodeSummary]) -> tuple[list[NodeSummary], list[NodeSummary]]:
+    """The summaries of the run that sacct reports, and those of earlier runs of the same job
+    id (a requeue, or an id Slurm gave out again): this run's are from its nodes, and their
+    prologs ran once it started (Start is when the allocation began, whole seconds)."""
+    if job.state == "PENDING":  # requeued and waiting: every run there is was an earlier one
+        return [], list(summaries)
+    listed = job.nodelist.strip()
+    nodes = {n.strip() for n in expand_hostlist(listed)} if listed not in ("", "None assigned") else None
+    mine = [s for s in summaries if nodes is None or s.node in nodes]
+    start = _epoch(job.start)
+    if start is None:  # a time sacct did not give: each node's latest run
+        latest: dict[str, float] = {}
+        for s in mine:
+            latest[s.node] = max(latest.get(s.node, 0.0), s.run_started_at or 0.0)
+        current = [s for s in mine if (s.run_started_at or 0.0) == latest[s.node]]
+    else:
+        current = [s for s in mine if not s.run_started_at or s.run_started_at >= start - RUN_SLACK_S]
+    return current, [s for s in summaries if s not in current]
+
+
+def _epoch(text: str) -> float | None:
+    """sacct's local time (2026-11-20T10:00:00) as epoch seconds; None for Unknown/None."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _runs(summaries: list[NodeSummary]) -> str:
+    runs = sorted({(s.run_started_at or 0.0, s.node) for s in summaries})
+    shown = ", ".join(f"{node} from {clock(at)}" if at else f"{node} (a run before these were dated)"
+                      for at, node in runs[:5])
+    return shown + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+
+
 def build_report(
     job: SlurmJob, summaries: list[NodeSummary], settings: HintSettings | None = None,
 ) -> JobReport:
     """Join accounting and summaries, then judge them (hints, verdict); raises NoGpus /
     NoSummary when there is nothing to show."""
+    summaries, earlier = this_run(job, summaries)
     if not summaries:
+        if earlier:
+            now = "is pending again" if job.state == "PENDING" else "has no GPU figures stored yet"
+            raise NoSummary(f"this run of job {job.job_id} {now} (earlier runs: {_runs(earlier)})")
         if job.gpus == 0:
             raise NoGpus(f"job {job.job_id} has no GPUs: nothing to report here (seff covers CPU jobs)")
         if job.state == "PENDING":
@@ -53,6 +97,9 @@ def build_report(
         elif s.status == RUNNING and not job.running:
             notes.append(f"{s.node}: the final summary has not been delivered yet; figures up "
                          f"to {clock(s.sampled_until)} from a live snapshot")
+    if earlier:
+        notes.append(f"earlier runs of job id {job.job_id} (requeued, or the id given out "
+                     f"again) are not counted here: {_runs(earlier)}")
     if missing_nodes and not job.running:
         notes.append(f"no summary from node(s) {', '.join(missing_nodes)}: their figures are missing")
     for g in gpus:

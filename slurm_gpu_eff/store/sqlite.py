@@ -54,6 +54,16 @@ def m002_mig_slices_apart(db: sqlite_utils.Database) -> None:
     db["gpus"].transform(pk=("cluster", "job_id", "node", "minor", "mig_gi_id"))  # type: ignore[union-attr]
 
 
+@migrations()
+def m003_runs_apart(db: sqlite_utils.Database) -> None:
+    """A requeued job keeps its id, and Slurm may give an id out again: rows are keyed by
+    the run too (when its prolog ran, whole seconds; 0 where it is not known)."""
+    for table, pk in (("node_summaries", ("cluster", "job_id", "node", "run")),
+                      ("gpus", ("cluster", "job_id", "node", "run", "minor", "mig_gi_id"))):
+        db[table].add_column("run", int, not_null_default=0)  # type: ignore[union-attr]
+        db[table].transform(pk=pk)  # type: ignore[union-attr]
+
+
 class Store:
     def __init__(self, path: str, readonly: bool = False) -> None:
         self.path = path
@@ -83,8 +93,8 @@ class Store:
 
     def put(self, summary: NodeSummary) -> bool:
         """Store a node summary unless a newer or final one is already there."""
-        key = (summary.cluster, summary.job_id, summary.node)
-        where = "cluster = ? and job_id = ? and node = ?"
+        key = (summary.cluster, summary.job_id, summary.node, _run(summary))
+        where = "cluster = ? and job_id = ? and node = ? and run = ?"
         conn = self.db.conn
         try:
             # The read and the writes under one write lock: two deliveries racing (a live
@@ -118,7 +128,7 @@ class Store:
         if cluster:
             where, args = where + " and cluster = ?", args + [cluster]
         try:
-            rows = self.db["node_summaries"].rows_where(where, args, order_by="node")
+            rows = self.db["node_summaries"].rows_where(where, args, order_by="run, node")
             return [NodeSummary.from_dict(json.loads(r["body"])) for r in rows]
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
@@ -147,9 +157,13 @@ def _newer(new: NodeSummary, old: dict[str, Any]) -> bool:
     return (new.sampled_until or 0) >= (old["sampled_until"] or 0)
 
 
+def _run(s: NodeSummary) -> int:
+    return int(s.run_started_at or 0)
+
+
 def _node_row(s: NodeSummary) -> dict[str, Any]:
     return {
-        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "status": s.status,
+        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "run": _run(s), "status": s.status,
         "reason": s.reason, "user": s.user, "account": s.account, "partition": s.partition,
         "gpu_count": len(s.gpus), "sampled_from": s.sampled_from,
         "sampled_until": s.sampled_until, "ended_at": s.ended_at,
@@ -159,7 +173,7 @@ def _node_row(s: NodeSummary) -> dict[str, Any]:
 
 def _gpu_row(s: NodeSummary, g: GpuSummary) -> dict[str, Any]:
     return {
-        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "minor": g.minor,
+        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "run": _run(s), "minor": g.minor,
         "uuid": g.uuid, "name": g.name, "user": s.user, "account": s.account,
         "partition": s.partition, "status": s.status, "util_mean": g.metric("util"),
         "mem_used_max_bytes": g.metric("mem_used_bytes", "max"),

@@ -20,7 +20,7 @@ def sampler_pid(cluster: Cluster, node: str, job: str, timeout: float = 30) -> i
     while not pid_file.exists():
         assert time.monotonic() < deadline, f"no sampler for job {job} on {node}"
         time.sleep(0.2)
-    return int(pid_file.read_text())
+    return int(pid_file.read_text().split()[0])
 
 
 def test_the_sampler_runs_the_real_pynvml_over_the_stand_in_library(cluster: Cluster) -> None:

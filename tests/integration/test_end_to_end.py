@@ -110,7 +110,7 @@ def test_killed_sampler_gives_partial_figures_and_a_healthy_node(cluster: Cluste
     while not (job_dir / "summary.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(4)  # let a checkpoint or two with real load land
-    pid = int((job_dir / "sampler.pid").read_text())
+    pid = int((job_dir / "sampler.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     killed_at = time.time()
 
@@ -156,10 +156,10 @@ def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
     try:
         assert cluster.wait_done(job) == "COMPLETED"
         outbox = cluster.spool(NODE) / "outbox"
-        pending = [*outbox.glob(f"*-{job}-{NODE}.json"), *outbox.glob(f"inflight/*-{job}-{NODE}.json")]
+        pending = [*outbox.glob(f"*-{job}-{NODE}-*.json"), *outbox.glob(f"inflight/*-{job}-{NODE}-*.json")]
         assert pending, "the summary should wait in the spool"
         status = cluster.run(["gpueff", "spool", "status", "--node", NODE])
-        assert status.code == 0 and f"-{job}-{NODE}.json" in status.out, status
+        assert status.code == 0 and f"-{job}-{NODE}-" in status.out, status
     finally:
         store.rollback()
         store.close()
@@ -205,3 +205,35 @@ def test_slurm_index_is_bound_through_the_device_file_not_assumed_to_be_the_mino
     data = cluster.gpueff(job, "alice", "--json").json()
     assert [g["minor"] for g in data["gpus"]] == [minor]
     assert data["gpus"][0]["util_mean"] > 50  # the workload drove that same device
+
+
+def test_a_requeued_job_reports_the_run_sacct_reports(cluster: Cluster) -> None:
+    """Issue 8, finding 5: a job preempted on one node and rerun on another is the same
+    job id, two runs. Before, both runs' GPUs were merged: 2 GPUs for 1 allocated and a
+    false idle verdict. Now the report counts the run sacct reports and names the other."""
+    profile = cluster.profile([{"seconds": 12, "gpus": {"*": {"util": 70}}}])
+    job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1", "--requeue")
+    cluster.wait_state(job, {"RUNNING"})
+    deadline = time.monotonic() + 30
+    while not list((cluster.dir / "log").glob("gpueff-*.log")) or not any(
+        f"job={job} sampler" in p.read_text() and "sampling" in p.read_text()
+        for p in (cluster.dir / "log").glob("gpueff-*.log")
+    ):
+        assert time.monotonic() < deadline, "the first run was never sampled"
+        time.sleep(0.2)
+    time.sleep(3)
+    assert cluster.run(["scontrol", "requeue", job]).code == 0
+    other = "gpu3" if NODE != "gpu3" else "gpu2"
+    deadline = time.monotonic() + 90
+    # Slurm holds a requeued job for about 2 min once it is pending again: release it now,
+    # on another node (an update made while the first run is still completing is lost).
+    while cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).out.strip() != "RUNNING":
+        assert time.monotonic() < deadline, "the requeued job never ran again"
+        if cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).out.strip() == "PENDING":
+            cluster.run(["scontrol", "update", f"jobid={job}", f"reqnodelist={other}", "starttime=now"])
+        time.sleep(1)
+    assert cluster.wait_done(job, timeout=120) == "COMPLETED"
+    data = cluster.gpueff(job, "alice", "--json").json()
+    assert [g["node"] for g in data["gpus"]] == [other]
+    assert data["idle_gpus"] == 0 and data["gpus"][0]["util_mean"] > 50
+    assert any(f"earlier runs of job id {job}" in n and f"{NODE} from" in n for n in data["notes"])

@@ -66,7 +66,7 @@ def sampler_pid(tmp_path: Path) -> int:
     while not pid_file.exists():
         assert time.monotonic() < deadline, "the prolog started no sampler"
         time.sleep(0.05)
-    return int(pid_file.read_text())
+    return int(pid_file.read_text().split()[0])
 
 
 def rss_kib(pid: int) -> int:

@@ -325,7 +325,7 @@ class HookSite:
         return self.log_path.read_text(encoding="utf-8") if self.log_path.exists() else ""
 
     def sampler_pid(self, job_id: str = "4242") -> int:
-        pid = int((self.job_dir(job_id) / "sampler.pid").read_text().strip())
+        pid = int((self.job_dir(job_id) / "sampler.pid").read_text().split()[0])
         self.pids.append(pid)
         return pid
 
@@ -390,7 +390,7 @@ def hook_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HookS
     signal.signal(signal.SIGALRM, alarm)
     for pid_file in tmp_path.glob("spool/*/jobs/*/sampler.pid"):
         try:
-            site.pids.append(int(pid_file.read_text().strip()))
+            site.pids.append(int(pid_file.read_text().split()[0]))
         except (OSError, ValueError):
             pass
     for pid in set(site.pids):
