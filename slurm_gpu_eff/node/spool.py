@@ -37,7 +37,7 @@ class Spool:
         return os.path.join(self.root, "jobs", _safe(job_id))
 
     def post(self, summary: NodeSummary) -> str:
-        """Queue a node summary for the store; the newest one per job and node wins."""
+        """Queue a node summary for the store; the newest one per job, node and run wins."""
         name = f"{_safe(summary.cluster)}-{_safe(summary.job_id)}-{_safe(summary.node)}"
         if summary.run_started_at:  # a requeued run never overwrites the one before
             name += f"-{int(summary.run_started_at)}"
@@ -47,13 +47,8 @@ class Spool:
         return path
 
     def pending(self) -> list[str]:
-        try:
-            names = sorted(os.listdir(self.outbox))
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise SpoolError(f"cannot list {self.outbox}: {exc.strerror}") from exc
-        return [os.path.join(self.outbox, n) for n in names if n.endswith(".json")]
+        """Summaries waiting in the outbox, by name."""
+        return _summaries_in(self.outbox)
 
     @property
     def inflight(self) -> str:
@@ -79,14 +74,9 @@ class Spool:
         return target
 
     def taken(self) -> list[str]:
-        """What a deliverer took and did not finish (it died, or the store went away)."""
-        try:
-            names = sorted(os.listdir(self.inflight))
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise SpoolError(f"cannot list {self.inflight}: {exc.strerror}") from exc
-        return [os.path.join(self.inflight, n) for n in names if n.endswith(".json")]
+        """What a deliverer took and did not finish (it died, or the store went away),
+        oldest first."""
+        return _summaries_in(self.inflight)
 
     def bury(self, path: str, reason: str) -> str:
         """A summary the store rejected: kept, with why, for a human (spool status)."""
@@ -104,6 +94,16 @@ class Spool:
         target = os.path.join(corrupt, name or os.path.basename(path))
         os.replace(path, target)
         return target
+
+
+def _summaries_in(folder: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise SpoolError(f"cannot list {folder}: {exc.strerror}") from exc
+    return [os.path.join(folder, n) for n in names if n.endswith(".json")]
 
 
 PID_FILE = "sampler.pid"

@@ -246,16 +246,22 @@ def main(argv: list[str]) -> int:
     if not argv or len(argv) > 2 or (len(argv) == 2 and argv[1] != "--once"):
         print("usage: python -m slurm_gpu_eff.store.deliver SPOOL_DIR [--once]", file=sys.stderr)
         return 2
+    log: HookLog | None = None
     try:
         config = load_config()
         spool = Spool(argv[0])
         log = HookLog(config.log_for(os.environ.get("SLURMD_NODENAME", "")), "-", "deliver")
-        store = lambda: Store(config.store_path)  # noqa: E731  (opened inside the lock)
+
+        def store() -> Store:  # opened inside the lock, at each attempt
+            return Store(config.store_path)
+
         if len(argv) == 2:
             _attempt(spool, store, log)
         else:
             deliver_until_done(spool, store, config, log)
-    except Exception as exc:  # a detached process: its failure goes to the log, never raised
+    except Exception as exc:  # detached: its failure goes to the log (stderr is /dev/null)
+        if log is not None:
+            log.write(f"delivery failed: {exc!r}; the summaries stay in the spool")
         print(f"delivery failed: {exc!r}", file=sys.stderr)
     return 0
 
