@@ -8,8 +8,12 @@ set -euo pipefail
 # The daemons live in sbin, which a non-login root shell may not have on PATH.
 export PATH=/usr/sbin:/sbin:$PATH
 
-PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev)
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev libslurm-perl libslurmdb-perl)
 COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# Slurm's own seff, the peer the tests compare with: from Debian's source package of the
+# installed Slurm, run as it is (never copied into this repository).
+SEFF=$REPO/.peers/seff
 
 # Print what is missing, one word each; nothing when all is installed.
 missing() {
@@ -21,6 +25,31 @@ missing() {
   # `venv --help` may still work but creating a venv fails, so check both.
   /usr/bin/python3 -m venv --help >/dev/null 2>&1 || echo "python3-venv"
   /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || echo "ensurepip"
+  perl -MSlurmdb -e1 >/dev/null 2>&1 || echo "libslurmdb-perl"
+}
+
+# seff from `apt-get source slurm-wlm` (a deb-src line for this release is added if the
+# machine has none), unpacked to .peers/seff. Skipped when it is there already.
+fetch_seff() {
+  [ -s "$SEFF" ] && return 0
+  [ "$(id -u)" -eq 0 ] || { echo "install-deps: run as root to fetch seff" >&2; return 1; }
+  local tmp list=/etc/apt/sources.list.d/gpueff-deb-src.sources codename
+  codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+  if ! grep -rqs '^Types:.*deb-src\|^deb-src' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: %s %s-updates\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      "$codename" "$codename" >"$list"
+  fi
+  tmp=$(mktemp -d)
+  if ! (cd "$tmp" && apt-get update >/dev/null 2>&1 && apt-get source --download-only slurm-wlm >/dev/null 2>&1 &&
+        tar xzf slurm-wlm_*.orig.tar.gz --wildcards '*/contribs/seff/seff'); then
+    rm -rf "$tmp"
+    echo "install-deps: could not fetch seff from Debian's slurm-wlm source package" >&2
+    return 1
+  fi
+  mkdir -p "$(dirname "$SEFF")"
+  install -m 0755 "$(find "$tmp" -path '*/contribs/seff/seff' -type f | head -n 1)" "$SEFF"
+  rm -rf "$tmp"
+  echo "install-deps: fetched Slurm's seff into $SEFF"
 }
 
 # apt is noisy; keep its output in a log and show it only when it fails.
@@ -40,6 +69,7 @@ main() {
   gaps=$(missing | tr '\n' ' ')
   if [ -z "$gaps" ]; then
     echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, python3-venv present)"
+    fetch_seff
     return
   fi
   if [ "$(id -u)" -ne 0 ]; then
@@ -48,6 +78,7 @@ main() {
   fi
   apt_install
   echo "install-deps: installed ${PACKAGES[*]} (was missing: ${gaps% })"
+  fetch_seff
 }
 
 main "$@"
