@@ -136,6 +136,41 @@ def bench_epilog(root: Path, runs: int) -> float:
     return statistics.median(times)
 
 
+def bench_delivery(root: Path, nodes: int = 10, per_node: int = 10, at_once: int = 10) -> float:
+    """Wall seconds per summary for nodes x per_node epilogs, at_once at a time, until the
+    store holds them all (each epilog posts and starts a detached deliverer)."""
+    import sqlite3
+
+    (root / "delivery").mkdir()
+    conf = root / "delivery" / "gpueff.conf"
+    conf.write_text(f"[spool]\ndir = {root}/delivery/spool/%n\n[store]\npath = {root}/delivery/store.db\n"
+                    f"[log]\nfile = {root}/delivery/log/%n.log\n[hooks]\npython = {PYTHON}\n")
+    base = {**os.environ, "GPUEFF_CONFIG": str(conf), "GPUEFF_PYTHON": PYTHON,
+            "SLURM_CLUSTER_NAME": "bench", "SLURM_JOB_GPUS": "0"}
+    start = time.perf_counter()
+    running: list[subprocess.Popen[bytes]] = []
+    for job in range(nodes * per_node):
+        while len(running) >= at_once:
+            running = [p for p in running if p.poll() is None]
+            time.sleep(0.002)
+        env = {**base, "SLURMD_NODENAME": f"n{job % nodes}", "SLURM_JOB_ID": str(job + 1)}
+        running.append(subprocess.Popen([EPILOG], env=env))
+    for process in running:
+        process.wait()
+    total = nodes * per_node
+    while True:
+        try:
+            db = sqlite3.connect(root / "delivery" / "store.db", timeout=5)
+            stored = db.execute("select count(*) from node_summaries").fetchone()[0]
+            db.close()
+        except sqlite3.Error:
+            stored = 0
+        if stored >= total or time.perf_counter() - start > 120:
+            break
+        time.sleep(0.02)
+    return (time.perf_counter() - start) / total
+
+
 def run_sampler(
     root: Path, env: dict[str, str], job_id: str, seconds: float,
 ) -> tuple[float, int, int, dict]:
@@ -249,6 +284,7 @@ def main() -> int:
         root = Path(tmp)
         prolog, bare = bench_prolog(root, args.runs)
         epilog = bench_epilog(root, max(5, args.runs // 4))
+        delivery = bench_delivery(root)
         env = setup(root / "sampler", args.interval)
         run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
         # Sampler and baseline in turns, medians of --rounds: on a 2-core machine with the
@@ -267,6 +303,8 @@ def main() -> int:
          f"{prolog / bare:.2f}x bare start ({bare * 1000:.1f} ms)", "<= 3x", prolog / bare <= 3),
         ("epilog wall time, store locked", f"{epilog * 1000:.1f} ms",
          f"{epilog / bare:.2f}x bare start", "<= 500 ms", epilog <= 0.5),
+        ("epilog to store, 100 at 10 at once", f"{delivery * 1000:.1f} ms",
+         f"{delivery / bare:.2f}x bare start per summary ({1 / delivery:.0f}/s)", "-", True),
         (f"sampler CPU per GPU-sample ({GPUS} GPUs)", f"{per_sample * 1000:.3f} ms",
          f"{ratio:.2f}x its bare NVML calls ({baseline * 1000:.3f} ms)",
          "<= 1 ms, <= 1.5x", per_sample <= 0.001 and ratio <= 1.5),

@@ -161,7 +161,7 @@ def deliver_until_done(
                 sleep(wait)
                 wait = min(wait * 2, config.retry_max_s)
                 result = _attempt(spool, open_store, log, quiet=True)
-                if result is not None:
+                if result is not None and result.delivered:
                     log.write(f"the store is back: {result.delivered} summaries delivered")
             return result
     except Busy:
@@ -170,22 +170,39 @@ def deliver_until_done(
 
 def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
              quiet: bool = False) -> Delivery | None:
-    """One pass under the lock; None when the store failed (the summaries stay)."""
-    try:
-        with locked(spool, wait_s=60.0):
-            result = deliver(spool, open_store())
-    except Busy as exc:
-        log.write(f"delivery skipped: {exc}")
-        return None
-    except StoreError as exc:
-        if not quiet:
-            log.write(f"the store is unreachable ({exc}); the summaries wait and are retried")
-        return None
-    for path in result.dead:
+    """Deliver until nothing waits, under the lock; None when the store failed (the
+    summaries stay). A deliverer that finds the lock taken leaves at once: the holder looks
+    at the outbox again after it lets go, so what was posted meanwhile is never stranded."""
+    total = Delivery()
+    while True:
+        try:
+            with locked(spool):
+                store = open_store()
+                while True:
+                    _add(total, deliver(spool, store))
+                    if not spool.pending():
+                        break
+        except Busy:
+            break  # its holder delivers what waits
+        except StoreError as exc:
+            if not quiet:
+                log.write(f"the store is unreachable ({exc}); the summaries wait and are retried")
+            return None
+        if not spool.pending():  # nothing was posted while we let go
+            break
+    for path in total.dead:
         log.write(f"the store rejected a summary; kept in {path} with the reason")
-    for path in result.set_aside:
+    for path in total.set_aside:
         log.write(f"not a summary, set aside: {path}")
-    return result
+    return total
+
+
+def _add(total: Delivery, one: Delivery) -> None:
+    total.delivered += one.delivered
+    total.skipped += one.skipped
+    total.set_aside += one.set_aside
+    total.dead += one.dead
+    total.swept += one.swept
 
 
 @dataclass

@@ -1,0 +1,62 @@
+"""Issue 8: many epilogs at once on many nodes, one store. Real epilog shims in separate
+processes (simulated nodes on this machine: a spool each), each posting its summary and
+starting a detached deliverer: every summary arrives once, none twice, none rejected,
+nothing left in any spool. (No Slurm needed: the environment is what slurmd gives.)"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurm_gpu_eff.node.spool import Spool
+from slurm_gpu_eff.store.deliver import spool_status
+
+REPO = Path(__file__).resolve().parents[2]
+EPILOG = REPO / "epilog" / "gpueff-epilog"
+NODES, JOBS_PER_NODE, AT_ONCE = 25, 20, 25  # 500 epilogs, 25 running at any moment
+
+
+def test_five_hundred_epilogs_deliver_five_hundred_summaries(tmp_path: Path) -> None:
+    (tmp_path / "gpueff.conf").write_text(
+        f"[spool]\ndir = {tmp_path}/spool/%n\nretry_s = 0.5\nretry_max_s = 1\n"
+        f"[store]\npath = {tmp_path}/store.db\n[log]\nfile = {tmp_path}/log/%n.log\n"
+        f"[hooks]\npython = {sys.executable}\n"
+    )
+    base = {"PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(tmp_path / "gpueff.conf"),
+            "GPUEFF_PYTHON": sys.executable, "SLURM_CLUSTER_NAME": "stress",
+            "SLURM_JOB_USER": "alice", "SLURM_JOB_GPUS": "0"}
+    jobs = [(f"n{n:02d}", str(1000 + n * JOBS_PER_NODE + j))
+            for j in range(JOBS_PER_NODE) for n in range(NODES)]
+    started = time.monotonic()
+    running: list[subprocess.Popen[bytes]] = []
+    for node, job in jobs:
+        while len(running) >= AT_ONCE:
+            running = [p for p in running if p.poll() is None]
+            time.sleep(0.005)
+        env = {**base, "SLURMD_NODENAME": node, "SLURM_JOB_ID": job}
+        running.append(subprocess.Popen([str(EPILOG)], env=env))
+    for process in running:
+        assert process.wait(timeout=60) == 0
+    spools = [Spool(str(tmp_path / "spool" / f"n{n:02d}")) for n in range(NODES)]
+    deadline = time.monotonic() + 120
+    while True:
+        statuses = [spool_status(s) for s in spools]
+        if not any(s.pending or s.inflight or s.deliverer for s in statuses):
+            break
+        assert time.monotonic() < deadline, "the spools did not empty"
+        time.sleep(0.1)
+    elapsed = time.monotonic() - started
+    assert not any(s.dead or s.corrupt for s in statuses)
+    db = sqlite3.connect(tmp_path / "store.db")
+    rows = db.execute("select node, job_id, count(*) from node_summaries group by node, job_id").fetchall()
+    assert len(rows) == len(jobs) == 500
+    assert {count for _, _, count in rows} == {1}  # none twice
+    assert {(node, job) for node, job, _ in rows} == set(jobs)
+    logs = "".join(p.read_text() for p in (tmp_path / "log").glob("*.log"))
+    assert "failed" not in logs and "unreachable" not in logs, logs[-2000:]
+    print(f"500 epilogs on {NODES} nodes, {AT_ONCE} at a time: all delivered in {elapsed:.1f} s "
+          f"({500 / elapsed:.0f} summaries/s)")
