@@ -110,20 +110,27 @@ PID_FILE = "sampler.pid"
 SUMMARY = "summary.json"
 
 
-def sampler_pid(job_dir: str) -> int | None:
+def _pid_file(job_dir: str) -> list[str]:
+    """The pid file's words: the sampler's pid, then when this run's prolog ran."""
     try:
         with open(os.path.join(job_dir, PID_FILE), encoding="ascii") as handle:
-            return int(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
+            return handle.read().split()
+    except (OSError, UnicodeDecodeError):
+        return []
+
+
+def sampler_pid(job_dir: str) -> int | None:
+    try:
+        return int(_pid_file(job_dir)[0])
+    except (ValueError, IndexError):
         return None
 
 
 def run_started(job_dir: str) -> float | None:
     """When the prolog of this run of the job ran (epoch seconds), from the pid file."""
     try:
-        with open(os.path.join(job_dir, PID_FILE), encoding="ascii") as handle:
-            return float(handle.read().split()[1])
-    except (OSError, ValueError, IndexError):
+        return float(_pid_file(job_dir)[1])
+    except (ValueError, IndexError):
         return None
 
 
