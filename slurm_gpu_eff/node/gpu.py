@@ -60,6 +60,9 @@ THROTTLE_REASONS = {
 GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES = 1, 2
 GPM_MIN_INTERVAL_S = 0.1  # NVML wants two GPM samples MORE than 100 ms apart
 NVML_SUCCESS = 0
+# Per-process samples come once per driver period (1/6 s to 1 s by product): a poll sooner
+# than this after the last one that had some learns nothing, rather than "idle".
+PROCESS_PERIOD_S = 1.0
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 
@@ -129,6 +132,7 @@ class Gpu:
         self.bound_at = self.clock()
         # The driver's own timestamps, passed back as NVML asks: 0 takes what it has.
         self.process_since_us = 0
+        self.process_seen_at = self.bound_at  # when the driver last gave per-process samples
         # None until the first call, which takes the driver's buffer as its baseline.
         self.last_sample_us: dict[int, int | None] = {
             GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
@@ -291,6 +295,11 @@ class Gpu:
         found = self._call_quiet("nvmlDeviceGetProcessUtilization", self.process_since_us)
         if found is None:
             return None
+        now = self.clock()
+        if found:
+            self.process_seen_at = now
+        elif now - self.process_seen_at < PROCESS_PERIOD_S:
+            return None  # polled again within the driver's period: nothing new, not idle
         per_pid: dict[int, list[float]] = {}
         for sample in found:
             self.process_since_us = max(self.process_since_us, int(sample.timeStamp))

@@ -115,9 +115,12 @@ def test_5_success_with_no_samples_means_nothing_new(sim_node: Any) -> None:
     """Before: pynvml's NVMLError(0) made per-process utilisation 'not measured' (None)."""
     devices(sim_node, quirks=["empty_success"])
     (gpu,) = sim_node.session().bind([0])  # no workload: no process busy
+    first = gpu.read(per_process=True)  # at once: the driver has nothing newer
+    assert first.util_samples == [] and first.util == 0.0
+    sim_node.now += 2.0  # past the driver's period: no sample now means no process busy
     reading = gpu.read(per_process=True)
     assert reading.process_sm == {}
-    assert reading.util_samples == [] and reading.util == 0.0
+    assert reading.util_samples and {value for value, _ in reading.util_samples} == {0.0}
     assert gpu.errors == []
 
 
@@ -207,3 +210,19 @@ def test_11_boot_clock_timestamps_keep_samples_and_per_process_figures(sim_node:
     second = gpu.read(per_process=True)
     assert second.util_samples == [(90.0, 0.5), (90.0, 0.5)]
     assert second.process_sm == {os.getpid(): 60.0, 1: 30.0}
+
+
+def test_4_polling_faster_than_the_driver_does_not_read_as_idle(sim_node: Any) -> None:
+    """Per-process samples come once per driver period: a poll in between learns nothing
+    (None, not counted) rather than "no process busy" (which would drag the job's share
+    towards 0 at short intervals)."""
+    devices(sim_node)  # 0.5 s driver period
+    sim_node.write_state(0, busy(60, shared_util=30), started_at=BOOT + 990.0, pid=os.getpid())
+    (gpu,) = sim_node.session().bind([0])
+    seen = []
+    for _ in range(30):  # every 0.1 s for 3 s
+        sim_node.now += 0.1
+        seen.append(gpu.read(per_process=True).process_sm)
+    measured = [s for s in seen if s is not None]
+    assert len(measured) >= 5
+    assert all(s == {os.getpid(): 60.0, 1: 30.0} for s in measured), measured
