@@ -60,9 +60,10 @@ THROTTLE_REASONS = {
 GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES = 1, 2
 GPM_MIN_INTERVAL_S = 0.1  # NVML wants two GPM samples MORE than 100 ms apart
 NVML_SUCCESS = 0
-# Per-process samples come once per driver period (1/6 s to 1 s by product): a poll sooner
-# than this after the last one that had some learns nothing, rather than "idle".
-PROCESS_PERIOD_S = 1.0
+# The driver's sample period is 1/6 s to 1 s by product: until its timestamps tell, the
+# longest. Per-process samples come once a period: a poll sooner after the last one that
+# had some learns nothing, rather than "idle".
+DRIVER_PERIOD_S = 1.0
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 
@@ -133,6 +134,7 @@ class Gpu:
         # The driver's own timestamps, passed back as NVML asks: 0 takes what it has.
         self.process_since_us = 0
         self.process_seen_at = self.bound_at  # when the driver last gave per-process samples
+        self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
         # None until the first call, which takes the driver's buffer as its baseline.
         self.last_sample_us: dict[int, int | None] = {
             GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
@@ -269,6 +271,8 @@ class Gpu:
             return []
         period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)],
                          found[0][0] - last)
+        if len(found) > 1:
+            self.driver_period_s = period / 1e6
         out = []
         for stamp, value in found:
             # A sample stands for the time since the one before: its window, give or take
@@ -298,7 +302,7 @@ class Gpu:
         now = self.clock()
         if found:
             self.process_seen_at = now
-        elif now - self.process_seen_at < PROCESS_PERIOD_S:
+        elif now - self.process_seen_at < 1.5 * self.driver_period_s:
             return None  # polled again within the driver's period: nothing new, not idle
         per_pid: dict[int, list[float]] = {}
         for sample in found:

@@ -8,9 +8,12 @@ retried, duplicated or reordered without harm.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlite_utils
@@ -77,8 +80,12 @@ class Store:
                 conn = sqlite3.connect(path, timeout=30)
             self.db = sqlite_utils.Database(conn)
             self._check_not_newer()
-            if not readonly:
-                migrations.apply(self.db)
+            if not readonly and migrations.pending(self.db):
+                # Hundreds of deliverers may open a new store at once: one migrates, the
+                # others wait for it (two writers upgrading at once get SQLITE_BUSY at once,
+                # whatever the timeout), then find nothing left to do.
+                with _file_lock(f"{path}.migrating"):
+                    migrations.apply(self.db)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {path}: {exc}") from exc
 
@@ -137,6 +144,16 @@ class Store:
 
     def close(self) -> None:
         self.db.conn.close()
+
+
+@contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]], replace: bool = False) -> None:
