@@ -218,7 +218,7 @@ class Sampler:
         clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
         xid_events: Callable[[], list[tuple[str, int, int]]] = list, time_scale: float = 1.0,
         other_processes: Callable[[], list[tuple[int, list[int]]]] = list,
-        cgroup_root: str = "/sys/fs/cgroup",
+        cgroup_root: str = "/sys/fs/cgroup", run_started: float | None = None,
     ) -> None:
         self.job = job
         self.config = config
@@ -232,7 +232,7 @@ class Sampler:
         self._next_verify = 0.0  # monotonic time of the next look beyond the bound GPUs
         self.wait_s = config.interval_s / time_scale
         self.started_at = clock()
-        self.run_started_at = run_started_at(os.environ)
+        self.run_started_at = run_started  # when this run's prolog ran: the run's identity
         self.sampled_from: float | None = None
         self.sampled_until: float | None = None
         self._last: float | None = None
@@ -466,6 +466,7 @@ def run(job_dir: str, config: Config) -> None:
     log = HookLog(config.log_for(job.node), job.job_id, "sampler")
     summary_path = os.path.join(job_dir, SUMMARY)
     stopper = Stopper()
+    started = run_started_at(os.environ)  # the prolog says when this run began
     session = None
     sampler: Sampler | None = None
     try:
@@ -479,14 +480,15 @@ def run(job_dir: str, config: Config) -> None:
         log.write(f"sampling {len(gpus)} GPU(s): Slurm indexes {[g.index for g in gpus]} "
                   f"= minors {[g.minor for g in gpus]}")
         sampler = Sampler(job, config, gpus, clock=session.clock, xid_events=session.xid_events,
-                          time_scale=session.time_scale, other_processes=session.other_processes)
+                          time_scale=session.time_scale, other_processes=session.other_processes,
+                          run_started=started)
         loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
         log.write("stopped cleanly")
     except GpuEffError as exc:
         log.write(f"cannot sample: {exc}")
         # Keep what was measured: a failure mid-job must not overwrite it with nothing.
         summary = (job.summary(MISSING, str(exc), interval_s=config.interval_s,
-                               run_started_at=run_started_at(os.environ)) if sampler is None
+                               run_started_at=started) if sampler is None
                    else sampler.snapshot(PARTIAL, f"sampling stopped: {exc}"))
         checkpoint(summary_path, summary, log)
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import spool_status
+from tests.unit.conftest import wait_delivered
 
 REPO = Path(__file__).resolve().parents[2]
 EPILOG = REPO / "epilog" / "gpueff-epilog"
@@ -41,15 +42,10 @@ def test_five_hundred_epilogs_deliver_five_hundred_summaries(tmp_path: Path) -> 
         running.append(subprocess.Popen([str(EPILOG)], env=env))
     for process in running:
         assert process.wait(timeout=60) == 0
-    spools = [Spool(str(tmp_path / "spool" / f"n{n:02d}")) for n in range(NODES)]
-    deadline = time.monotonic() + 120
-    while True:
-        statuses = [spool_status(s) for s in spools]
-        if not any(s.pending or s.inflight or s.deliverer for s in statuses):
-            break
-        assert time.monotonic() < deadline, "the spools did not empty"
-        time.sleep(0.1)
+    roots = [tmp_path / "spool" / f"n{n:02d}" for n in range(NODES)]
+    assert wait_delivered(roots, timeout=120), "the spools did not empty"
     elapsed = time.monotonic() - started
+    statuses = [spool_status(Spool(str(root))) for root in roots]
     assert not any(s.dead or s.corrupt for s in statuses)
     db = sqlite3.connect(tmp_path / "store.db")
     rows = db.execute("select node, job_id, count(*) from node_summaries group by node, job_id").fetchall()

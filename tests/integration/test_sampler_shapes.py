@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.unit.conftest import wait_delivered
+
 REPO = Path(__file__).resolve().parents[2]
 PROLOG = REPO / "prolog" / "gpueff-prolog"
 EPILOG = REPO / "epilog" / "gpueff-epilog"
@@ -45,16 +47,7 @@ def site(tmp_path: Path, devices: list[dict[str, Any]], **sampler: str) -> dict[
 
 def stored(tmp_path: Path) -> dict[str, Any]:
     """The job's summary in the store, once the deliverer the epilog started is done."""
-    from slurm_gpu_eff.node.spool import Spool
-    from slurm_gpu_eff.store.deliver import spool_status
-
-    spool = Spool(str(tmp_path / "spool" / "n1"))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        status = spool_status(spool)
-        if not (status.pending or status.inflight or status.deliverer):
-            break
-        time.sleep(0.05)
+    wait_delivered([tmp_path / "spool" / "n1"], timeout=30)
     db = sqlite3.connect(tmp_path / "store.db")
     (body,) = db.execute("select body from node_summaries where job_id = '77'").fetchone()
     return json.loads(body)

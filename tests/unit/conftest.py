@@ -269,18 +269,7 @@ class HookSite:
         return runs_under(pid, self.root)
 
     def settled(self, timeout: float = 15.0) -> None:
-        """Until the deliverer the epilog started in the background has done its work:
-        nothing waits in the outbox or in flight, and nobody holds the spool."""
-        from slurm_gpu_eff.node.spool import Spool
-        from slurm_gpu_eff.store.deliver import spool_status
-
-        spool = Spool(str(self.spool_root))
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            status = spool_status(spool)
-            if not (status.pending or status.inflight or status.deliverer):
-                return
-            time.sleep(0.02)
+        wait_delivered([self.spool_root], timeout)
 
     def stored(self, job_id: str = "4242") -> list[model.NodeSummary]:
         """What the store holds for the job once delivery settled ([] when there is no
@@ -335,6 +324,21 @@ class HookSite:
         while not path.exists():
             assert time.monotonic() < end, f"{path} did not appear within {timeout} s"
             time.sleep(0.02)
+
+
+def wait_delivered(spool_roots: list[Path], timeout: float = 15.0) -> bool:
+    """Until the deliverers the epilogs started in the background have done their work:
+    nothing waits in any outbox or in flight, and nobody holds a spool. False on timeout."""
+    from slurm_gpu_eff.node.spool import Spool
+    from slurm_gpu_eff.store.deliver import spool_status
+
+    spools = [Spool(str(root)) for root in spool_roots]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not any(s.pending or s.inflight or s.deliverer for s in map(spool_status, spools)):
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def runs_under(pid: int, root: Path) -> bool:

@@ -23,6 +23,7 @@ from slurm_gpu_eff.node.log import HookLog
 from slurm_gpu_eff.node.spool import Spool, write_json
 from slurm_gpu_eff.store.deliver import Busy, deliver, deliver_until_done, locked, spool_status
 from slurm_gpu_eff.store.sqlite import Store
+from tests.unit.conftest import wait_delivered
 
 Factory = Callable[..., Any]
 
@@ -284,10 +285,7 @@ def test_a_store_held_locked_delays_nothing_and_loses_nothing(hook_site: Any) ->
         assert time.monotonic() < end, "the summary never reached the store"
         time.sleep(0.1)
     assert [s.status for s in hook_site.stored()] == [COMPLETE]
-    end = time.monotonic() + 10
-    while spool.pending() + spool.taken():
-        assert time.monotonic() < end
-        time.sleep(0.05)
+    assert wait_delivered([hook_site.spool_root], timeout=10)
 
 
 def test_a_store_newer_than_the_code_is_a_clear_error(tmp_path: Path) -> None:
