@@ -3,6 +3,9 @@ by a live snapshot that arrives late."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -142,3 +145,38 @@ def test_a_store_that_cannot_be_opened(tmp_path: Path) -> None:
     (tmp_path / "db").mkdir()
     with pytest.raises(StoreError, match="cannot open store"):
         Store(str(tmp_path / "db"))  # a directory, not a database
+
+
+def test_writers_queue_for_the_store_and_give_up_after_their_wait(tmp_path: Path) -> None:
+    from slurm_gpu_eff.store.sqlite import _flock_within
+    lock = tmp_path / "gpueff.db.lock"
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    waiter = os.open(lock, os.O_RDWR)
+    assert _flock_within(waiter, 0.2) is False  # held: it gives up
+    os.close(waiter)
+    threading.Timer(0.3, os.close, [holder]).start()  # lets go while the next one waits
+    queued = os.open(lock, os.O_RDWR)
+    assert _flock_within(queued, 30) is True
+    third = os.open(lock, os.O_RDWR)
+    with pytest.raises(BlockingIOError):  # granted means held
+        fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(queued)
+    # The one that gave up may be granted in its turn: it lets go at once, holding nothing.
+    assert _flock_within(third, 30) is True
+    os.close(third)
+
+
+def test_a_writer_that_waits_too_long_says_so(tmp_path: Path, make_summary: Factory,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_gpu_eff.store import sqlite as engine
+    path = str(tmp_path / "gpueff.db")
+    store = Store(path)
+    assert os.stat(f"{path}.lock").st_mode & 0o777 == 0o600  # no user can hold the queue
+    holder = os.open(f"{path}.lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    monkeypatch.setattr(engine, "WRITE_WAIT_S", 0.2)
+    with pytest.raises(StoreError, match="stayed busy for 0.2 s"):
+        store.put(make_summary())
+    os.close(holder)
+    assert store.put(make_summary()) is True
