@@ -33,7 +33,7 @@ venv: deps $(VENV)/.installed $(STANDIN)
 # Debian's own Python, not a pyenv shim: the jobs of unprivileged users run it too.
 $(VENV)/.installed: pyproject.toml
 	$(PY_BASE) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,sim]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,sim,postgres]'
 	touch $@
 
 # Compiled against NVIDIA's nvml.h (PyPI's nvidia-nvml-dev, pinned in the [sim] extra).

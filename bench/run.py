@@ -195,9 +195,9 @@ def stored_bytes_per_gpu(root: Path, summary: dict) -> tuple[float, float]:
     """Bytes one job-GPU adds to the SQLite store, and to the same store after gzip-free
     JSON alone (the body), measured by storing the summary 50 times under new job ids."""
     from slurm_gpu_eff.model import NodeSummary
-    from slurm_gpu_eff.store.sqlite import Store
+    from slurm_gpu_eff.store.sqlite import SqliteStore
 
-    store = Store(str(root / "bytes.db"))
+    store = SqliteStore(str(root / "bytes.db"))
     store.put(NodeSummary.from_dict({**summary, "job_id": "0"}))
     store.db.execute("vacuum")
     before = (root / "bytes.db").stat().st_size

@@ -57,12 +57,12 @@ def cmd_report(args: argparse.Namespace) -> str:
     from .report.job import GroupReport, JobReport, build_group, build_report
     from .report.render import render_json, render_text
     from .slurm import get_jobs
-    from .store.sqlite import Store
+    from .store import open_store
 
     config = load_config(args.config)
     settings = HintSettings.from_config(config.hints)
     jobs = get_jobs(args.job_id, config.sacct)
-    store = Store(config.store_path, readonly=True)
+    store = open_store(config.store_url, readonly=True)
     try:
         parts = [(job, store.node_summaries(job.job_id_raw, job.cluster)) for job in jobs]
     finally:
@@ -77,15 +77,15 @@ def cmd_report(args: argparse.Namespace) -> str:
 
 def cmd_spool(args: argparse.Namespace) -> str:
     from .node.spool import Spool
+    from .store import open_store
     from .store.deliver import Busy, flush, spool_status
-    from .store.sqlite import Store
 
     config = load_config(args.config)
     spool = Spool(config.spool_for(args.node))
     if getattr(args, "action", "flush") == "status":
         return _status_text(spool_status(spool), spool.outbox)
     try:
-        result = flush(spool, lambda: Store(config.store_path))
+        result = flush(spool, lambda: open_store(config.store_url))
     except Busy as exc:
         raise GpuEffError(f"{exc}: it delivers what waits; see 'gpueff spool status'") from exc
     lines = [f"delivered {result.delivered}, skipped {result.skipped} older than stored"]

@@ -47,6 +47,9 @@ class Config:
         retry_max_s: float = 600.0,
         retry_for_s: float = 86400.0,
         store_path: str = "/var/lib/slurm-gpu-eff/gpueff.db",
+        # The store's engine and place: postgresql://... for PostgreSQL; empty for the
+        # SQLite file at store_path (sqlite:///ABSOLUTE/PATH says the same).
+        store_url: str = "",
         log_file: str = "/var/log/slurm-gpu-eff/%n.log",
         hook_timeout_s: float = 10.0,  # hard bound for a prolog or epilog
         stop_wait_s: float = 3.0,  # how long the epilog waits for the sampler to flush
@@ -70,6 +73,7 @@ class Config:
         self.retry_max_s = retry_max_s
         self.retry_for_s = retry_for_s
         self.store_path = store_path
+        self.store_url = store_url or f"sqlite://{store_path}"
         self.log_file = log_file
         self.hook_timeout_s = hook_timeout_s
         self.stop_wait_s = stop_wait_s
@@ -112,6 +116,7 @@ _KEYS = [
     ("spool", "retry_max_s", "retry_max_s", float),
     ("spool", "retry_for_s", "retry_for_s", float),
     ("store", "path", "store_path", str),
+    ("store", "url", "store_url", str),
     ("log", "file", "log_file", str),
     ("slurm", "sacct", "sacct", str),
     ("slurm", "slurmd", "slurmd", str),
@@ -160,6 +165,8 @@ def load_config(path: str | None = None) -> Config:
         raise ConfigError(f"{path}: [hooks] timeout_s must be at most 18 (the shims stop a hook at 20)")
     if not config.stop_wait_s < config.hook_timeout_s:
         raise ConfigError(f"{path}: [sampler] stop_wait_s must be under [hooks] timeout_s")
+    if "store_url" in values and "store_path" in values:
+        raise ConfigError(f"{path}: [store] has both url and path: keep one")
     if config.sim_time_scale != 1 and not config.sim_devices:
         raise ConfigError(f"{path}: [sim] time_scale needs [sim] devices (its clock starts there)")
     return config

@@ -32,7 +32,7 @@ from ..config import Config, load_config
 from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
 from ..node.log import HookLog
 from ..node.spool import SUMMARY, Spool, is_sampler, read_summary, sampler_pid
-from .sqlite import Store
+from . import Store, open_store
 
 
 @dataclass
@@ -176,8 +176,7 @@ def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
     total = Delivery()
     while True:
         try:
-            with locked(spool):
-                store = open_store()
+            with locked(spool), open_store() as store:
                 while True:
                     _add(total, deliver(spool, store))
                     if not spool.pending():
@@ -254,8 +253,8 @@ def _busy(spool: Spool, name: str) -> str | None:
 
 def flush(spool: Spool, store: Callable[[], Store], wait_s: float = 30.0) -> Delivery:
     """Deliver now (`gpueff spool flush`): waits up to wait_s for a deliverer at work."""
-    with locked(spool, wait_s=wait_s):
-        return deliver(spool, store())
+    with locked(spool, wait_s=wait_s), store() as opened:
+        return deliver(spool, opened)
 
 
 def main(argv: list[str]) -> int:
@@ -270,7 +269,7 @@ def main(argv: list[str]) -> int:
         log = HookLog(config.log_for(os.environ.get("SLURMD_NODENAME", "")), "-", "deliver")
 
         def store() -> Store:  # opened inside the lock, at each attempt
-            return Store(config.store_path)
+            return open_store(config.store_url)
 
         if len(argv) == 2:
             _attempt(spool, store, log)

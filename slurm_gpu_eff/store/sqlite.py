@@ -1,9 +1,7 @@
-"""The embedded store: node summaries in SQLite, through sqlite-utils.
+"""The embedded store: node summaries in one SQLite file, through sqlite-utils.
 
-One row per (cluster, job, node) with the whole summary as JSON, and one row per GPU
-with the figures admin reports aggregate. Writes are idempotent and ordered: a final
-summary is never replaced by a live snapshot that arrives late, so deliveries may be
-retried, duplicated or reordered without harm.
+The default engine, for a cluster whose deliverers reach one disk. The schema and the
+rules are base.py's; migrations are sqlite-utils'.
 """
 
 from __future__ import annotations
@@ -21,7 +19,8 @@ import sqlite_utils
 from sqlite_utils import Migrations
 
 from ..errors import SpoolError, StoreError, StoreRejected
-from ..model import GpuSummary, NodeSummary
+from ..model import NodeSummary
+from .base import NODE_KEY, Store, gpu_rows, newer, node_row, run_of
 
 migrations = Migrations("slurm-gpu-eff")
 
@@ -68,9 +67,9 @@ def m003_runs_apart(db: sqlite_utils.Database) -> None:
         db[table].transform(pk=pk)  # type: ignore[union-attr]
 
 
-class Store:
+class SqliteStore(Store):
     def __init__(self, path: str, readonly: bool = False) -> None:
-        self.path, self.readonly = path, readonly
+        self.path, self.readonly, self.where = path, readonly, path
         try:
             if readonly:
                 if not os.path.exists(path):
@@ -100,11 +99,10 @@ class Store:
                              f"(schema {', '.join(unknown)}): upgrade this one to use it")
 
     def put(self, summary: NodeSummary) -> bool:
-        """Store a node summary unless a newer or final one is already there."""
         if self.readonly:
             raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
-        key = (summary.cluster, summary.job_id, summary.node, _run(summary))
-        where = "cluster = ? and job_id = ? and node = ? and run = ?"
+        key = (summary.cluster, summary.job_id, summary.node, run_of(summary))
+        where = " and ".join(f"{column} = ?" for column in NODE_KEY)
         conn = self.db.conn
         try:
             with self._writing():
@@ -125,12 +123,12 @@ class Store:
             old = conn.execute(
                 f"select status, sampled_until from node_summaries where {where}", key
             ).fetchone()
-            if old is not None and not _newer(summary, {"status": old[0], "sampled_until": old[1]}):
+            if old is not None and not newer(summary, old[0], old[1]):
                 conn.execute("rollback")
                 return False
-            _insert(conn, "node_summaries", [_node_row(summary)], replace=True)
+            _insert(conn, "node_summaries", [node_row(summary)], replace=True)
             conn.execute(f"delete from gpus where {where}", key)
-            _insert(conn, "gpus", [_gpu_row(summary, g) for g in summary.gpus if g.minor is not None])
+            _insert(conn, "gpus", gpu_rows(summary))
             conn.execute("commit")
         except BaseException:
             if conn.in_transaction:
@@ -215,34 +213,3 @@ def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]], re
     )
 
 
-def _newer(new: NodeSummary, old: dict[str, Any]) -> bool:
-    old_final = old["status"] != "running"
-    if old_final != new.final:
-        return new.final  # final beats live, whatever the order of arrival
-    return (new.sampled_until or 0) >= (old["sampled_until"] or 0)
-
-
-def _run(s: NodeSummary) -> int:
-    return int(s.run_started_at or 0)
-
-
-def _node_row(s: NodeSummary) -> dict[str, Any]:
-    return {
-        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "run": _run(s), "status": s.status,
-        "reason": s.reason, "user": s.user, "account": s.account, "partition": s.partition,
-        "gpu_count": len(s.gpus), "sampled_from": s.sampled_from,
-        "sampled_until": s.sampled_until, "ended_at": s.ended_at,
-        "body": json.dumps(s.to_dict(), separators=(",", ":")),
-    }
-
-
-def _gpu_row(s: NodeSummary, g: GpuSummary) -> dict[str, Any]:
-    return {
-        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "run": _run(s), "minor": g.minor,
-        "uuid": g.uuid, "name": g.name, "user": s.user, "account": s.account,
-        "partition": s.partition, "status": s.status, "util_mean": g.metric("util"),
-        "mem_used_max_bytes": g.metric("mem_used_bytes", "max"),
-        "mem_total_bytes": g.memory_total_bytes, "power_mean_w": g.metric("power_w"),
-        "energy_j": g.energy_j, "samples": g.samples, "sampled_s": g.sampled_s,
-        "sampled_until": s.sampled_until, "mig_gi_id": -1 if g.mig_gi_id is None else g.mig_gi_id,
-    }

@@ -277,9 +277,9 @@ class HookSite:
         self.settled()
         if not self.store_path.exists():
             return []
-        from slurm_gpu_eff.store.sqlite import Store
+        from slurm_gpu_eff.store.sqlite import SqliteStore
 
-        store = Store(str(self.store_path), readonly=True)
+        store = SqliteStore(str(self.store_path), readonly=True)
         try:
             return store.node_summaries(job_id)
         finally:

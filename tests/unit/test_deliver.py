@@ -22,7 +22,7 @@ from slurm_gpu_eff.model import COMPLETE, RUNNING
 from slurm_gpu_eff.node.log import HookLog
 from slurm_gpu_eff.node.spool import Spool, write_json
 from slurm_gpu_eff.store.deliver import Busy, deliver, deliver_until_done, locked, spool_status
-from slurm_gpu_eff.store.sqlite import Store
+from slurm_gpu_eff.store.sqlite import SqliteStore
 from tests.unit.conftest import wait_delivered
 
 Factory = Callable[..., Any]
@@ -34,8 +34,8 @@ def spool(tmp_path: Path) -> Spool:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    opened = Store(str(tmp_path / "gpueff.db"))
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    opened = SqliteStore(str(tmp_path / "gpueff.db"))
     yield opened
     opened.close()
 
@@ -45,7 +45,7 @@ def outbox(spool: Spool) -> list[str]:
     return sorted(os.path.basename(p) for p in spool.pending() + spool.taken())
 
 
-def test_deliver_moves_every_pending_summary(spool: Spool, store: Store, make_summary: Factory) -> None:
+def test_deliver_moves_every_pending_summary(spool: Spool, store: SqliteStore, make_summary: Factory) -> None:
     a, b = make_summary(node="gpu1"), make_summary(node="gpu2", utils=(1.0, 2.0))
     spool.post(a)
     spool.post(b)
@@ -55,7 +55,9 @@ def test_deliver_moves_every_pending_summary(spool: Spool, store: Store, make_su
     assert store.node_summaries("4242") == [a, b]
 
 
-def test_an_older_summary_is_skipped_and_removed(spool: Spool, store: Store, make_summary: Factory) -> None:
+def test_an_older_summary_is_skipped_and_removed(
+    spool: Spool, store: SqliteStore, make_summary: Factory
+) -> None:
     store.put(make_summary(status=COMPLETE))
     spool.post(make_summary(status=RUNNING, utils=(1.0,)))
     result = deliver(spool, store)
@@ -65,7 +67,7 @@ def test_an_older_summary_is_skipped_and_removed(spool: Spool, store: Store, mak
 
 
 def test_a_corrupt_file_is_set_aside_and_the_rest_delivered(
-    spool: Spool, store: Store, make_summary: Factory,
+    spool: Spool, store: SqliteStore, make_summary: Factory,
 ) -> None:
     spool.post(make_summary())
     Path(spool.outbox, "aaa-torn.json").write_text('{"cluster": "gpueffdev", "job_')
@@ -79,15 +81,15 @@ def test_a_corrupt_file_is_set_aside_and_the_rest_delivered(
 
 
 def test_a_failing_store_leaves_the_summary_for_the_next_delivery(
-    spool: Spool, store: Store, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
+    spool: Spool, store: SqliteStore, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = spool.post(make_summary())
     content = Path(path).read_bytes()
 
-    def store_down(self: Store, summary: Any) -> bool:
+    def store_down(self: SqliteStore, summary: Any) -> bool:
         raise StoreError("cannot write to store: database is locked")
 
-    monkeypatch.setattr(Store, "put", store_down)
+    monkeypatch.setattr(SqliteStore, "put", store_down)
     with pytest.raises(StoreError, match="database is locked"):
         deliver(spool, store)
     (waiting,) = spool.taken()
@@ -99,7 +101,7 @@ def test_a_failing_store_leaves_the_summary_for_the_next_delivery(
 
 @pytest.mark.parametrize("order", ["final in flight, live posted", "live in flight, final posted"])
 def test_finding_1_a_final_summary_is_never_lost_to_a_live_one(
-    spool: Spool, store: Store, make_summary: Factory, order: str,
+    spool: Spool, store: SqliteStore, make_summary: Factory, order: str,
 ) -> None:
     """Before: the live delivery's claim, a dead epilog delivery's claim and a take-over
     that trusted whatever sat under the name deleted the final summary for ever. Now a
@@ -118,7 +120,7 @@ def test_finding_1_a_final_summary_is_never_lost_to_a_live_one(
 
 
 def test_finding_2_a_job_on_two_mig_slices_of_one_gpu_is_stored(
-    spool: Spool, store: Store, make_summary: Factory, make_gpu: Factory,
+    spool: Spool, store: SqliteStore, make_summary: Factory, make_gpu: Factory,
 ) -> None:
     """Before: both slices' rows had the GPU's minor as key: the store refused the summary
     at every attempt and the node's outbox stopped behind it."""
@@ -130,18 +132,18 @@ def test_finding_2_a_job_on_two_mig_slices_of_one_gpu_is_stored(
 
 
 def test_finding_2_a_summary_the_store_rejects_goes_to_dead_and_the_rest_are_delivered(
-    spool: Spool, store: Store, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
+    spool: Spool, store: SqliteStore, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bad = spool.post(make_summary(node="gpu1"))
     spool.post(make_summary(node="gpu2"))
-    real = Store.put
+    real = SqliteStore.put
 
-    def put(self: Store, summary: Any) -> bool:
+    def put(self: SqliteStore, summary: Any) -> bool:
         if summary.node == "gpu1":
             raise StoreRejected("the store rejects 4242 on gpu1: UNIQUE constraint failed")
         return real(self, summary)
 
-    monkeypatch.setattr(Store, "put", put)
+    monkeypatch.setattr(SqliteStore, "put", put)
     result = deliver(spool, store)
     assert result.delivered == 1 and [Path(p).parent.name for p in result.dead] == ["dead"]
     assert [s.node for s in store.node_summaries("4242")] == ["gpu2"]
@@ -151,14 +153,14 @@ def test_finding_2_a_summary_the_store_rejects_goes_to_dead_and_the_rest_are_del
 
 
 def test_a_real_integrity_error_is_a_rejection_not_an_outage(tmp_path: Path, make_summary: Factory) -> None:
-    store = Store(str(tmp_path / "gpueff.db"))
+    store = SqliteStore(str(tmp_path / "gpueff.db"))
     store.db.execute("create trigger no before insert on node_summaries begin "
                      "select raise(abort, 'refused by a trigger'); end")
     with pytest.raises(StoreRejected, match="refused by a trigger"):
         store.put(make_summary())
 
 
-def test_one_deliverer_at_a_time(spool: Spool, store: Store, make_summary: Factory) -> None:
+def test_one_deliverer_at_a_time(spool: Spool, store: SqliteStore, make_summary: Factory) -> None:
     spool.post(make_summary())
     with locked(spool):
         with pytest.raises(Busy, match=f"pid {os.getpid()}"):
@@ -179,11 +181,11 @@ def test_finding_3_the_retrier_delivers_when_the_store_is_back_without_a_new_job
     attempts: list[float] = []
     path = str(tmp_path / "gpueff.db")
 
-    def open_store() -> Store:
+    def open_store() -> SqliteStore:
         attempts.append(time.monotonic())
         if len(attempts) < 4:
             raise StoreError("cannot open store: unable to open database file")
-        return Store(path)
+        return SqliteStore(path)
 
     waits: list[float] = []
     config = Config(retry_s=30.0, retry_max_s=100.0, retry_for_s=86400.0)
@@ -198,7 +200,7 @@ def test_finding_3_the_retrier_delivers_when_the_store_is_back_without_a_new_job
 def test_there_is_one_retrier_per_spool(tmp_path: Path, spool: Spool, make_summary: Factory) -> None:
     spool.post(make_summary())
 
-    def store_away() -> Store:
+    def store_away() -> SqliteStore:
         raise StoreError("down")
 
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
@@ -214,7 +216,7 @@ def test_the_retrier_gives_up_after_retry_for_s_and_says_so(
 ) -> None:
     spool.post(make_summary())
 
-    def store_away() -> Store:
+    def store_away() -> SqliteStore:
         raise StoreError("down")
 
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
@@ -251,7 +253,7 @@ def test_deliver_main_as_the_epilog_starts_it(
                           capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     assert "not a summary, set aside: " in (tmp_path / "log").read_text()
-    reader = Store(str(tmp_path / "main.db"), readonly=True)
+    reader = SqliteStore(str(tmp_path / "main.db"), readonly=True)
     assert reader.node_summaries("4242") == [make_summary()]
     reader.close()
 
@@ -264,7 +266,7 @@ def test_a_store_held_locked_delays_nothing_and_loses_nothing(hook_site: Any) ->
                                "retry_max_s": "0.2"})
     env = hook_site.export(hook_site.env())
     hook_site.store_path.parent.mkdir(parents=True, exist_ok=True)
-    Store(str(hook_site.store_path)).close()  # created, then held
+    SqliteStore(str(hook_site.store_path)).close()  # created, then held
     holder = sqlite3.connect(hook_site.store_path, timeout=0)
     holder.execute("begin exclusive")
     try:
@@ -290,7 +292,7 @@ def test_a_store_held_locked_delays_nothing_and_loses_nothing(hook_site: Any) ->
 
 def test_a_store_newer_than_the_code_is_a_clear_error(tmp_path: Path) -> None:
     path = str(tmp_path / "gpueff.db")
-    Store(path).close()
+    SqliteStore(path).close()
     db = sqlite3.connect(path)
     db.execute("insert into _sqlite_migrations (migration_set, name, applied_at) "
                "values ('slurm-gpu-eff', 'm099_from_the_future', '2030-01-01')")
@@ -298,4 +300,4 @@ def test_a_store_newer_than_the_code_is_a_clear_error(tmp_path: Path) -> None:
     db.close()
     for readonly in (False, True):
         with pytest.raises(StoreError, match="upgraded by a newer slurm-gpu-eff .schema m099_from"):
-            Store(path, readonly=readonly)
+            SqliteStore(path, readonly=readonly)

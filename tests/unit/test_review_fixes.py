@@ -21,7 +21,7 @@ from slurm_gpu_eff.node.log import HookLog
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.node.stats import Stat, Timeline
 from slurm_gpu_eff.store.deliver import deliver
-from slurm_gpu_eff.store.sqlite import Store
+from slurm_gpu_eff.store.sqlite import SqliteStore
 
 
 def summary(status: str, until: float) -> NodeSummary:
@@ -44,11 +44,11 @@ def test_put_checks_and_writes_under_one_lock(tmp_path: Path) -> None:
     """A final summary written by another connection between our check and our write must
     win: put() takes the write lock before it reads."""
     path = str(tmp_path / "store.db")
-    Store(path).put(summary(RUNNING, 100.0))
+    SqliteStore(path).put(summary(RUNNING, 100.0))
     blocker = sqlite3.connect(path, timeout=5)
     blocker.execute("begin immediate")
     done: list[bool] = []
-    thread = threading.Thread(target=lambda: done.append(Store(path).put(summary(RUNNING, 150.0))))
+    thread = threading.Thread(target=lambda: done.append(SqliteStore(path).put(summary(RUNNING, 150.0))))
     thread.start()
     time.sleep(0.2)  # the late live snapshot now waits for the lock, before reading
     blocker.execute(
@@ -56,7 +56,7 @@ def test_put_checks_and_writes_under_one_lock(tmp_path: Path) -> None:
     blocker.execute("commit")
     thread.join(10)
     assert done == [False]  # it saw the final summary once it had the lock
-    (stored,) = Store(path, readonly=True).node_summaries("7") or [None]
+    (stored,) = SqliteStore(path, readonly=True).node_summaries("7") or [None]
     assert stored is not None
 
 
@@ -136,7 +136,7 @@ def test_an_abandoned_job_directory_is_posted_by_the_next_delivery(tmp_path: Pat
         write_json(str(job_dir / "summary.json"), live.to_dict())
         (job_dir / "sampler.pid").write_text("999999999\n")  # no such process
     os.utime(old / "summary.json", (1, 1))  # untouched for decades: abandoned
-    store = Store(str(tmp_path / "store.db"))
+    store = SqliteStore(str(tmp_path / "store.db"))
     result = deliver(spool, store)
     assert result.swept == ["7"] and not old.exists() and fresh.exists()
     (stored,) = store.node_summaries("7")
@@ -171,7 +171,7 @@ def test_slurms_gpu_indexes_map_to_device_minors_through_slurmd_g(tmp_path: Path
 def test_a_corrupt_stored_summary_is_a_store_error_not_a_crash(tmp_path: Path) -> None:
     from slurm_gpu_eff.errors import StoreError
 
-    store = Store(str(tmp_path / "store.db"))
+    store = SqliteStore(str(tmp_path / "store.db"))
     store.put(summary(COMPLETE, 1.0))
     store.db.execute("update node_summaries set body = '{not json'")
     store.db.conn.commit()

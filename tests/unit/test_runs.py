@@ -16,7 +16,7 @@ from slurm_gpu_eff.model import COMPLETE
 from slurm_gpu_eff.node import hooks
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.report.job import build_report
-from slurm_gpu_eff.store.sqlite import Store
+from slurm_gpu_eff.store.sqlite import SqliteStore
 
 Factory = Callable[..., Any]
 START = "2026-11-20T10:00:00"  # sacct's Start of the run it reports (local time)
@@ -26,7 +26,7 @@ T = time.mktime(time.strptime(START, "%Y-%m-%dT%H:%M:%S"))
 def test_two_runs_of_one_job_id_on_one_node_are_stored_apart(
     tmp_path: Path, make_summary: Factory,
 ) -> None:
-    store = Store(str(tmp_path / "gpueff.db"))
+    store = SqliteStore(str(tmp_path / "gpueff.db"))
     first = make_summary(run_started_at=T - 3600, utils=(90.0, 90.0))
     second = make_summary(run_started_at=T + 2, utils=(10.0,))
     assert store.put(first) and store.put(second)

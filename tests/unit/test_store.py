@@ -14,30 +14,30 @@ import pytest
 
 from slurm_gpu_eff.errors import StoreError
 from slurm_gpu_eff.model import COMPLETE, MISSING, PARTIAL, RUNNING
-from slurm_gpu_eff.store.sqlite import Store
+from slurm_gpu_eff.store.sqlite import SqliteStore
 
 Factory = Callable[..., Any]
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    opened = Store(str(tmp_path / "db" / "gpueff.db"))
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    opened = SqliteStore(str(tmp_path / "db" / "gpueff.db"))
     yield opened
     opened.close()
 
 
-def node_rows(store: Store) -> list[dict[str, Any]]:
+def node_rows(store: SqliteStore) -> list[dict[str, Any]]:
     return list(store.db.query(
         "select job_id, node, status, sampled_until, gpu_count from node_summaries "
         "order by job_id, node"))
 
 
-def gpu_rows(store: Store) -> list[tuple[Any, ...]]:
+def gpu_rows(store: SqliteStore) -> list[tuple[Any, ...]]:
     return [(r["node"], r["minor"], r["status"], r["util_mean"]) for r in store.db.query(
         "select node, minor, status, util_mean from gpus order by node, minor")]
 
 
-def test_put_stores_a_summary_and_its_gpus(store: Store, make_summary: Factory) -> None:
+def test_put_stores_a_summary_and_its_gpus(store: SqliteStore, make_summary: Factory) -> None:
     summary = make_summary(utils=(90.0, 30.0))
     assert store.put(summary) is True
     assert node_rows(store) == [{"job_id": "4242", "node": "gpu1", "status": COMPLETE,
@@ -46,7 +46,7 @@ def test_put_stores_a_summary_and_its_gpus(store: Store, make_summary: Factory) 
     assert store.node_summaries("4242") == [summary]
 
 
-def test_put_is_idempotent(store: Store, make_summary: Factory) -> None:
+def test_put_is_idempotent(store: SqliteStore, make_summary: Factory) -> None:
     summary = make_summary(utils=(90.0, 30.0))
     store.put(summary)
     store.put(summary)
@@ -57,7 +57,7 @@ def test_put_is_idempotent(store: Store, make_summary: Factory) -> None:
 
 
 def test_a_late_running_snapshot_never_replaces_a_complete_one(
-    store: Store, make_summary: Factory,
+    store: SqliteStore, make_summary: Factory,
 ) -> None:
     final = make_summary(status=COMPLETE, sampled_until=1000.0, utils=(70.0,))
     late = make_summary(status=RUNNING, sampled_until=2000.0, utils=(10.0,))  # newer clock
@@ -69,7 +69,7 @@ def test_a_late_running_snapshot_never_replaces_a_complete_one(
 
 @pytest.mark.parametrize("final_status", [COMPLETE, PARTIAL, MISSING])
 def test_a_final_summary_replaces_a_running_one_even_if_older(
-    store: Store, make_summary: Factory, final_status: str,
+    store: SqliteStore, make_summary: Factory, final_status: str,
 ) -> None:
     store.put(make_summary(status=RUNNING, sampled_until=2000.0, utils=(10.0, 10.0)))
     final = make_summary(status=final_status, sampled_until=None, utils=())
@@ -79,7 +79,7 @@ def test_a_final_summary_replaces_a_running_one_even_if_older(
 
 
 def test_newer_running_replaces_older_running_and_not_the_reverse(
-    store: Store, make_summary: Factory,
+    store: SqliteStore, make_summary: Factory,
 ) -> None:
     older = make_summary(status=RUNNING, sampled_until=1000.0, utils=(20.0,))
     newer = make_summary(status=RUNNING, sampled_until=1300.0, utils=(40.0,))
@@ -90,14 +90,14 @@ def test_newer_running_replaces_older_running_and_not_the_reverse(
     assert gpu_rows(store) == [("gpu1", 0, RUNNING, 40.0)]
 
 
-def test_gpu_rows_are_replaced_not_duplicated(store: Store, make_summary: Factory) -> None:
+def test_gpu_rows_are_replaced_not_duplicated(store: SqliteStore, make_summary: Factory) -> None:
     store.put(make_summary(status=RUNNING, sampled_until=100.0, utils=(5.0, 6.0, 7.0)))
     store.put(make_summary(status=RUNNING, sampled_until=200.0, utils=(15.0, 16.0)))
     store.put(make_summary(status=COMPLETE, sampled_until=300.0, utils=(25.0, 26.0)))
     assert gpu_rows(store) == [("gpu1", 0, COMPLETE, 25.0), ("gpu1", 1, COMPLETE, 26.0)]
 
 
-def test_nodes_and_jobs_and_clusters_are_kept_apart(store: Store, make_summary: Factory) -> None:
+def test_nodes_and_jobs_and_clusters_are_kept_apart(store: SqliteStore, make_summary: Factory) -> None:
     a = make_summary(node="gpu1")
     b = make_summary(node="gpu2", status=PARTIAL, reason="killed")
     other_job = make_summary(job_id="4243")
@@ -111,7 +111,7 @@ def test_nodes_and_jobs_and_clusters_are_kept_apart(store: Store, make_summary: 
     assert store.node_summaries("9999") == []
 
 
-def test_a_gpu_without_minor_has_no_gpu_row(store: Store, make_summary: Factory) -> None:
+def test_a_gpu_without_minor_has_no_gpu_row(store: SqliteStore, make_summary: Factory) -> None:
     summary = make_summary(utils=(50.0, 60.0))
     summary.gpus[1].minor = None
     store.put(summary)
@@ -121,13 +121,13 @@ def test_a_gpu_without_minor_has_no_gpu_row(store: Store, make_summary: Factory)
 
 def test_reopening_keeps_the_data(tmp_path: Path, make_summary: Factory) -> None:
     path = str(tmp_path / "gpueff.db")
-    first = Store(path)
+    first = SqliteStore(path)
     first.put(make_summary())
     first.close()
-    again = Store(path)  # migrations are not applied twice
+    again = SqliteStore(path)  # migrations are not applied twice
     assert again.node_summaries("4242") == [make_summary()]
     again.close()
-    readonly = Store(path, readonly=True)
+    readonly = SqliteStore(path, readonly=True)
     assert readonly.node_summaries("4242") == [make_summary()]
     with pytest.raises(StoreError, match="cannot write to store"):
         readonly.put(make_summary(job_id="1"))
@@ -136,7 +136,7 @@ def test_reopening_keeps_the_data(tmp_path: Path, make_summary: Factory) -> None
 
 def test_a_readonly_store_that_does_not_exist(tmp_path: Path) -> None:
     with pytest.raises(StoreError) as raised:
-        Store(str(tmp_path / "absent.db"), readonly=True)
+        SqliteStore(str(tmp_path / "absent.db"), readonly=True)
     assert str(raised.value) == (
         f"no GPU data has been stored yet ({tmp_path / 'absent.db'} does not exist)")
 
@@ -144,7 +144,7 @@ def test_a_readonly_store_that_does_not_exist(tmp_path: Path) -> None:
 def test_a_store_that_cannot_be_opened(tmp_path: Path) -> None:
     (tmp_path / "db").mkdir()
     with pytest.raises(StoreError, match="cannot open store"):
-        Store(str(tmp_path / "db"))  # a directory, not a database
+        SqliteStore(str(tmp_path / "db"))  # a directory, not a database
 
 
 def test_writers_queue_for_the_store_and_give_up_after_their_wait(tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_a_writer_that_waits_too_long_says_so(tmp_path: Path, make_summary: Fact
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_gpu_eff.store import sqlite as engine
     path = str(tmp_path / "gpueff.db")
-    store = Store(path)
+    store = SqliteStore(path)
     assert os.stat(f"{path}.lock").st_mode & 0o777 == 0o600  # no user can hold the queue
     holder = os.open(f"{path}.lock", os.O_RDWR)
     fcntl.flock(holder, fcntl.LOCK_EX)

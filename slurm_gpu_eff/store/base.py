@@ -1,0 +1,86 @@
+"""What every store engine is: the interface, the rows, and the rule for which summary wins.
+
+One row per (cluster, job, node, run) with the whole summary as JSON, and one row per GPU
+(a MIG slice apart by its GPU instance) with the figures admin reports aggregate. Writes
+are idempotent and ordered: a final summary is never replaced by a live snapshot that
+arrives late, and an older snapshot never replaces a newer one, so deliveries may be
+retried, duplicated or reordered without harm.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from types import TracebackType
+from typing import Any
+
+from ..model import GpuSummary, NodeSummary
+
+NODE_KEY = ("cluster", "job_id", "node", "run")
+GPU_KEY = (*NODE_KEY, "minor", "mig_gi_id")
+
+
+class Store(ABC):
+    """An open store. Raises StoreError when it cannot be reached (the summary waits and
+    is retried) and StoreRejected for a summary it will never take (set aside)."""
+
+    where: str  # the file or the server, for messages (never a password)
+
+    @abstractmethod
+    def put(self, summary: NodeSummary) -> bool:
+        """Store a node summary unless a final or newer one is there; True if stored."""
+
+    @abstractmethod
+    def node_summaries(self, job_id: str, cluster: str | None = None) -> list[NodeSummary]:
+        """A job's node summaries, every run, by run then node."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+def newer(new: NodeSummary, old_status: str, old_sampled_until: float | None) -> bool:
+    """Does `new` replace what is stored? A final summary beats a live one, whatever the
+    order they arrive in; between two of a kind, the later sampled wins (a tie rewrites
+    the same figures: deliveries are idempotent)."""
+    old_final = old_status != "running"
+    if old_final != new.final:
+        return new.final
+    return (new.sampled_until or 0) >= (old_sampled_until or 0)
+
+
+def run_of(s: NodeSummary) -> int:
+    """The run a summary belongs to: when its prolog ran, in whole seconds (0: unknown)."""
+    return int(s.run_started_at or 0)
+
+
+def node_row(s: NodeSummary) -> dict[str, Any]:
+    return {
+        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "run": run_of(s), "status": s.status,
+        "reason": s.reason, "user": s.user, "account": s.account, "partition": s.partition,
+        "gpu_count": len(s.gpus), "sampled_from": s.sampled_from,
+        "sampled_until": s.sampled_until, "ended_at": s.ended_at,
+        "body": json.dumps(s.to_dict(), separators=(",", ":")),
+    }
+
+
+def gpu_rows(s: NodeSummary) -> list[dict[str, Any]]:
+    return [_gpu_row(s, g) for g in s.gpus if g.minor is not None]
+
+
+def _gpu_row(s: NodeSummary, g: GpuSummary) -> dict[str, Any]:
+    return {
+        "cluster": s.cluster, "job_id": s.job_id, "node": s.node, "run": run_of(s), "minor": g.minor,
+        "uuid": g.uuid, "name": g.name, "user": s.user, "account": s.account,
+        "partition": s.partition, "status": s.status, "util_mean": g.metric("util"),
+        "mem_used_max_bytes": g.metric("mem_used_bytes", "max"),
+        "mem_total_bytes": g.memory_total_bytes, "power_mean_w": g.metric("power_w"),
+        "energy_j": g.energy_j, "samples": g.samples, "sampled_s": g.sampled_s,
+        "sampled_until": s.sampled_until, "mig_gi_id": -1 if g.mig_gi_id is None else g.mig_gi_id,
+    }
