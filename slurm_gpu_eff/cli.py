@@ -62,7 +62,7 @@ def cmd_report(args: argparse.Namespace) -> str:
     config = load_config(args.config)
     settings = HintSettings.from_config(config.hints)
     jobs = get_jobs(args.job_id, config.sacct)
-    store = open_store(config.store_url, readonly=True)
+    store = open_store(config.store_read_url, readonly=True)
     try:
         parts = [(job, store.node_summaries(job.job_id_raw, job.cluster)) for job in jobs]
     finally:

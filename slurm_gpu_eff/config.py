@@ -50,6 +50,9 @@ class Config:
         # The store's engine and place: postgresql://... for PostgreSQL; empty for the
         # SQLite file at store_path (sqlite:///ABSOLUTE/PATH says the same).
         store_url: str = "",
+        # Where `gpueff` reads when it is not the writers' URL (a read-only role); empty:
+        # store_url.
+        store_read_url: str = "",
         log_file: str = "/var/log/slurm-gpu-eff/%n.log",
         hook_timeout_s: float = 10.0,  # hard bound for a prolog or epilog
         stop_wait_s: float = 3.0,  # how long the epilog waits for the sampler to flush
@@ -74,6 +77,7 @@ class Config:
         self.retry_for_s = retry_for_s
         self.store_path = store_path
         self.store_url = store_url or f"sqlite://{store_path}"
+        self.store_read_url = store_read_url or self.store_url
         self.log_file = log_file
         self.hook_timeout_s = hook_timeout_s
         self.stop_wait_s = stop_wait_s
@@ -117,6 +121,7 @@ _KEYS = [
     ("spool", "retry_for_s", "retry_for_s", float),
     ("store", "path", "store_path", str),
     ("store", "url", "store_url", str),
+    ("store", "read_url", "store_read_url", str),
     ("log", "file", "log_file", str),
     ("slurm", "sacct", "sacct", str),
     ("slurm", "slurmd", "slurmd", str),
