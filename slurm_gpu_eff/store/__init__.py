@@ -9,7 +9,7 @@ imported only when a URL names it.
 from __future__ import annotations
 
 from ..errors import StoreError
-from .base import Store
+from .base import Store, shown_url
 
 __all__ = ["Store", "open_store"]
 
@@ -23,13 +23,5 @@ def open_store(url: str, readonly: bool = False) -> Store:
         from .sqlite import SqliteStore
 
         return SqliteStore(url.removeprefix("sqlite://"), readonly=readonly)
-    raise StoreError(f"unknown store URL {_shown(url)!r}: use sqlite:///PATH or postgresql://...")
+    raise StoreError(f"unknown store URL {shown_url(url)!r}: use sqlite:///PATH or postgresql://...")
 
-
-def _shown(url: str) -> str:
-    """A URL fit for an error message: no password."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        who, host = rest.split("@", 1)
-        return f"{scheme}://{who.split(':', 1)[0]}:***@{host}" if ":" in who else url
-    return url

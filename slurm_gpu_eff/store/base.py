@@ -45,6 +45,22 @@ class Store(ABC):
         self.close()
 
 
+def shown_url(url: str) -> str:
+    """A store URL fit for messages and logs: no password, no query (it may name one)."""
+    from urllib.parse import urlsplit
+
+    if "://" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is not a number: show no more than the scheme
+        return f"{url.split('://', 1)[0]}://..."
+    user = f"{parts.username}@" if parts.username else ""
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+
+
 def newer(new: NodeSummary, old_status: str, old_sampled_until: float | None) -> bool:
     """Does `new` replace what is stored? A final summary beats a live one, whatever the
     order they arrive in; between two of a kind, the later sampled wins (a tie rewrites

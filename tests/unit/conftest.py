@@ -404,3 +404,50 @@ def hook_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HookS
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
+
+
+# --- the store engines --------------------------------------------------------------------
+
+ENGINES = ["sqlite", "postgresql"]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """One private PostgreSQL server for the session (tests/pg.py), or skip where the
+    machine has none; `make test` (GPUEFF_REQUIRE_CLUSTER=1) fails instead of skipping."""
+    from tests import pg
+
+    if not pg.available():
+        if os.environ.get("GPUEFF_REQUIRE_CLUSTER"):
+            pytest.fail("PostgreSQL is not installed: run scripts/install-deps.sh")
+        pytest.skip("PostgreSQL is not installed (scripts/install-deps.sh installs it)")
+    with pg.PgServer() as server:
+        yield server
+
+
+def fresh_schema(url: str) -> str:
+    """`url` narrowed to a new, empty schema of its database: each test its own store."""
+    import uuid
+
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"create schema {schema}")
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(params=ENGINES)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of a new, empty store, once per engine."""
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'store' / 'gpueff.db'}"
+    return fresh_schema(request.getfixturevalue("pg_server").url)
+
+
+def store_rows(url: str, query: str) -> list[tuple[Any, ...]]:
+    """Rows of a raw query on a store, whichever its engine (what a test checks beyond
+    the Store interface: the GPU rows admin reports will read)."""
+    from tests import pg
+
+    return pg.rows(url, query)
