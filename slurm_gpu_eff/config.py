@@ -39,7 +39,9 @@ class Config:
         sim_time_scale: float = 1.0,  # simulated seconds per wall-clock second
         interval_s: float = 1.0,
         checkpoint_s: float = 60.0,
-        live_s: float = 300.0,  # how often a running job's figures reach the store
+        # How often a running job's figures reach the store: a copy is at most this old
+        # plus its delivery (under 60 s in all), the first one 10 s into the job.
+        live_s: float = 45.0,
         spool_dir: str = "/var/spool/slurm-gpu-eff/%n",
         # An unreachable store: the node's retrier tries again after retry_s, doubling the
         # wait up to retry_max_s, for retry_for_s (no new job on the node needed).

@@ -309,6 +309,9 @@ class Stopper:
                 os.read(self._read, 512)
 
 
+FIRST_LIVE_S = 10.0
+
+
 def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: HookLog) -> None:
     """Sample until told to stop, checkpointing and posting live copies on the way."""
     config = sampler.config
@@ -316,7 +319,8 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     now = sampler.monotonic()
     next_tick = now
     next_checkpoint = now  # checkpoint right after the first reading
-    next_live = now + min(config.live_s, config.checkpoint_s)
+    # The first live copy comes early: a running job has figures a few seconds in.
+    next_live = now + min(config.live_s, config.checkpoint_s, FIRST_LIVE_S)
     live = LiveDelivery(config, spool, log)
     orphan = OrphanWatch(sampler.job, squeue_for(config), log)
     while not stopper.requested:

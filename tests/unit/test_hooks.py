@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from slurm_gpu_eff import config as config_module
-from slurm_gpu_eff.model import COMPLETE, MISSING, PARTIAL
+from slurm_gpu_eff.config import Config
+from slurm_gpu_eff.model import COMPLETE, MISSING, PARTIAL, RUNNING
 from slurm_gpu_eff.node import hooks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -337,3 +338,24 @@ def test_a_shim_with_no_python_still_exits_0(hook_site: Any, shim: Path) -> None
     assert done.returncode == 0
     assert not hook_site.spool_root.exists()
     assert hook_site.log() == ""
+
+
+def test_a_running_job_has_fresh_figures_in_the_store_without_any_epilog(hook_site: Any) -> None:
+    """The sampler sends live copies every live_s: a running job shows its figures so far,
+    newer each time, and nothing waits in the spool between copies."""
+    hook_site.configure(sampler={"interval_s": "0.2", "checkpoint_s": "0.5", "live_s": "0.5"})
+    hook_site.write_state(2, {"util": 60}, started_at=time.time() - 10)
+    env = hook_site.export(hook_site.env())
+    hooks.main(["prolog"], env)
+    hook_site.sampler_pid()
+    seen: list[float] = []
+    end = time.monotonic() + 30
+    while len(seen) < 2:
+        assert time.monotonic() < end, f"live copies seen: {seen}"
+        stored = hook_site.stored()
+        if stored and stored[0].sampled_until not in seen:
+            assert [s.status for s in stored] == [RUNNING]
+            seen.append(stored[0].sampled_until)
+        time.sleep(0.1)
+    assert seen[1] > seen[0]  # the newer copy replaced the older one
+    assert Config().live_s == 45  # the default: a copy under 60 s old, delivery included
