@@ -103,6 +103,11 @@ def _status_text(status: Any, outbox: str) -> str:
         lines.append(f"the store was unreachable: pid {status.retrier} retries it until it is back")
     elif status.pending or status.inflight:
         lines.append("no delivery is running: 'gpueff spool flush' delivers them now")
+    if status.dropped:
+        lines.append("dropped while the store was away (the spool's max_mb): "
+                     f"{status.dropped.get('live', 0)} live copies, "
+                     f"{status.dropped.get('emptied', 0)} final summaries kept without their figures, "
+                     f"{status.dropped.get('dropped', 0)} whole")
     lines += [f"waiting: {p}" for p in status.pending + status.inflight]
     lines += [f"rejected: {p}: {why}" for p, why in status.dead]
     lines += [f"not a summary: {p}" for p in status.corrupt]

@@ -48,6 +48,8 @@ class Config:
         retry_s: float = 30.0,
         retry_max_s: float = 600.0,
         retry_for_s: float = 86400.0,
+        # The most a node's outbox holds while the store is away (see store/deliver.py).
+        spool_max_mb: float = 512.0,
         store_path: str = "/var/lib/slurm-gpu-eff/gpueff.db",
         # The store's engine and place: postgresql://... for PostgreSQL; empty for the
         # SQLite file at store_path (sqlite:///ABSOLUTE/PATH says the same).
@@ -77,6 +79,7 @@ class Config:
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self.retry_for_s = retry_for_s
+        self.spool_max_mb = spool_max_mb
         self.store_path = store_path
         self.store_url = store_url or f"sqlite://{store_path}"
         self.store_read_url = store_read_url or self.store_url
@@ -121,6 +124,7 @@ _KEYS = [
     ("spool", "retry_s", "retry_s", float),
     ("spool", "retry_max_s", "retry_max_s", float),
     ("spool", "retry_for_s", "retry_for_s", float),
+    ("spool", "max_mb", "spool_max_mb", float),
     ("store", "path", "store_path", str),
     ("store", "url", "store_url", str),
     ("store", "read_url", "store_read_url", str),

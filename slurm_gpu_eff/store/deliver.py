@@ -14,12 +14,16 @@
 - When the store is unreachable the summaries stay, and one retrier per spool (an flock on
   OUTBOX/retry.lock) tries again, waiting `retry_s`, doubling up to `retry_max_s`, for
   `retry_for_s`: no new job on the node and no command is needed.
+- Meanwhile the outbox is kept under `[spool] max_mb` (see keep_within): live copies go
+  first, then final summaries lose their figures but stay as a small 'missing' record
+  that says why, newest first; the oldest go last. Counted in OUTBOX/dropped.counts, logged.
 The epilog and the sampler start this module as a detached process and never wait for it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import shutil
 import sys
@@ -30,8 +34,9 @@ from dataclasses import dataclass, field
 
 from ..config import Config, load_config
 from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
+from ..model import MISSING, NodeSummary
 from ..node.log import HookLog
-from ..node.spool import SUMMARY, Spool, is_sampler, read_summary, sampler_pid
+from ..node.spool import SUMMARY, Spool, is_sampler, read_json, read_summary, sampler_pid, write_json
 from . import Store, open_store
 
 
@@ -137,6 +142,87 @@ def deliver(spool: Spool, store: Store) -> Delivery:
     return result
 
 
+@dataclass
+class Trimmed:
+    live: int = 0  # live copies dropped: a newer copy or the final summary supersedes them
+    emptied: int = 0  # final summaries whose figures were dropped; a 'missing' record stays
+    dropped: int = 0  # records dropped whole (nothing else was left to drop)
+
+    def __bool__(self) -> bool:
+        return bool(self.live or self.emptied or self.dropped)
+
+
+DROPPED = "dropped.counts"  # what keep_within dropped, all told (JSON; not .json: not a summary)
+
+
+def keep_within(spool: Spool, max_bytes: float) -> Trimmed:
+    """Bring what waits under max_bytes while the store is away (a full node disk would
+    stop the spool for every job). Call under the spool's lock: it takes what is pending
+    into inflight/ first, so a summary posted meanwhile is never the one cut down."""
+    for path in spool.pending():
+        spool.take(path)
+    waiting = []
+    for path in spool.taken():
+        try:
+            info = os.stat(path)
+            waiting.append((info.st_mtime_ns, info.st_size, path, read_summary(path)))
+        except (OSError, SpoolError):
+            continue  # gone, or for the deliverer to set aside
+    total = sum(size for _, size, _, _ in waiting)
+    result = Trimmed()
+    if total <= max_bytes:
+        return result
+    newest_first = sorted(waiting, key=lambda w: w[0], reverse=True)
+    for _, size, path, summary in newest_first:  # live copies: nothing is lost
+        if total > max_bytes and not summary.final:
+            os.unlink(path)
+            total, result.live = total - size, result.live + 1
+    for _, size, path, summary in newest_first:  # then the figures of final summaries
+        if total > max_bytes and summary.final and summary.gpus:
+            record = emptied(summary, max_bytes)
+            write_json(path, record.to_dict())
+            total, result.emptied = total - size + os.path.getsize(path), result.emptied + 1
+    for _, _, path, _ in newest_first:  # then the records themselves: the oldest go last
+        if total <= max_bytes:
+            break
+        try:
+            size = os.path.getsize(path)
+            os.unlink(path)
+        except OSError:
+            continue
+        total, result.dropped = total - size, result.dropped + 1
+    _count(spool, result)
+    return result
+
+
+def emptied(summary: NodeSummary, max_bytes: float) -> NodeSummary:
+    """What stays of a final summary the spool had no room for: who, where, when, and why
+    the figures are missing, so the report says so instead of waiting for them."""
+    return NodeSummary(
+        cluster=summary.cluster, job_id=summary.job_id, node=summary.node, status=MISSING,
+        reason=(f"its figures were dropped on {summary.node}: the spool outbox reached its "
+                f"{max_bytes / 1e6:g} MB bound while the store was unreachable"),
+        user=summary.user, account=summary.account, partition=summary.partition,
+        job_gpus=summary.job_gpus, started_at=summary.started_at, ended_at=summary.ended_at,
+        run_started_at=summary.run_started_at, binding=summary.binding,
+    )
+
+
+def _count(spool: Spool, trimmed: Trimmed) -> None:
+    counts = dropped_counts(spool)
+    for name in ("live", "emptied", "dropped"):
+        counts[name] = counts.get(name, 0) + getattr(trimmed, name)
+    write_json(os.path.join(spool.outbox, DROPPED), counts)
+
+
+def dropped_counts(spool: Spool) -> dict[str, int]:
+    try:
+        data = read_json(os.path.join(spool.outbox, DROPPED))
+    except SpoolError:
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
+
+
 def waiting(spool: Spool) -> int:
     return len(spool.pending()) + len(spool.taken())
 
@@ -147,7 +233,8 @@ def deliver_until_done(
 ) -> Delivery | None:
     """The detached deliverer: a pass now; if the store is away, become the spool's one
     retrier (or leave it to the one there is) and try again with growing waits."""
-    result = _attempt(spool, open_store, log)
+    max_bytes = config.spool_max_mb * 1e6
+    result = _attempt(spool, open_store, log, max_bytes=max_bytes)
     if result is not None or not waiting(spool):
         return result
     try:
@@ -160,7 +247,7 @@ def deliver_until_done(
                     return None
                 sleep(wait)
                 wait = min(wait * 2, config.retry_max_s)
-                result = _attempt(spool, open_store, log, quiet=True)
+                result = _attempt(spool, open_store, log, quiet=True, max_bytes=max_bytes)
                 if result is not None and result.delivered:
                     log.write(f"the store is back: {result.delivered} summaries delivered")
             return result
@@ -169,18 +256,23 @@ def deliver_until_done(
 
 
 def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
-             quiet: bool = False) -> Delivery | None:
+             quiet: bool = False, max_bytes: float = math.inf) -> Delivery | None:
     """Deliver until nothing waits, under the lock; None when the store failed (the
     summaries stay). A deliverer that finds the lock taken leaves at once: the holder looks
     at the outbox again after it lets go, so what was posted meanwhile is never stranded."""
     total = Delivery()
     while True:
         try:
-            with locked(spool), open_store() as store:
-                while True:
-                    _add(total, deliver(spool, store))
-                    if not spool.pending():
-                        break
+            with locked(spool):
+                try:
+                    with open_store() as store:
+                        while True:
+                            _add(total, deliver(spool, store))
+                            if not spool.pending():
+                                break
+                except StoreError:
+                    _trim(spool, max_bytes, log)
+                    raise
         except Busy:
             break  # its holder delivers what waits
         except StoreError as exc:
@@ -194,6 +286,18 @@ def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
     for path in total.set_aside:
         log.write(f"not a summary, set aside: {path}")
     return total
+
+
+def _trim(spool: Spool, max_bytes: float, log: HookLog) -> None:
+    try:
+        trimmed = keep_within(spool, max_bytes)
+    except (OSError, SpoolError) as exc:
+        log.write(f"could not keep the spool within {max_bytes / 1e6:g} MB: {exc}")
+        return
+    if trimmed:
+        log.write(f"the spool outbox outgrew {max_bytes / 1e6:g} MB while the store was "
+                  f"unreachable: dropped {trimmed.live} live copies, kept {trimmed.emptied} "
+                  f"final summaries without their figures, dropped {trimmed.dropped} whole")
 
 
 def _add(total: Delivery, one: Delivery) -> None:
@@ -212,6 +316,7 @@ class SpoolStatus:
     corrupt: list[str]  # files that were not summaries
     deliverer: str | None  # pid of the deliverer at work, if any
     retrier: str | None  # pid of the retrier waiting for the store, if any
+    dropped: dict[str, int] = field(default_factory=dict)  # what keep_within dropped, all told
 
 
 def spool_status(spool: Spool) -> SpoolStatus:
@@ -233,6 +338,7 @@ def spool_status(spool: Spool) -> SpoolStatus:
         pending=spool.pending(), inflight=spool.taken(), dead=dead,
         corrupt=listed(os.path.join(spool.outbox, "corrupt"), lambda n: True),
         deliverer=_busy(spool, "deliver.lock"), retrier=_busy(spool, "retry.lock"),
+        dropped=dropped_counts(spool),
     )
 
 
@@ -272,7 +378,7 @@ def main(argv: list[str]) -> int:
             return open_store(config.store_url)
 
         if len(argv) == 2:
-            _attempt(spool, store, log)
+            _attempt(spool, store, log, max_bytes=config.spool_max_mb * 1e6)
         else:
             deliver_until_done(spool, store, config, log)
     except Exception as exc:  # detached: its failure goes to the log (stderr is /dev/null)

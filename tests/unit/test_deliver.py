@@ -301,3 +301,82 @@ def test_a_store_newer_than_the_code_is_a_clear_error(tmp_path: Path) -> None:
     for readonly in (False, True):
         with pytest.raises(StoreError, match="upgraded by a newer slurm-gpu-eff .schema m099_from"):
             SqliteStore(path, readonly=readonly)
+
+
+def post_aged(spool: Spool, summary: Any, age_s: float) -> str:
+    path = spool.post(summary)
+    when = time.time() - age_s
+    os.utime(path, (when, when))
+    return path
+
+
+def test_a_bounded_spool_drops_live_copies_first_then_figures_newest_first(
+    tmp_path: Path, spool: Spool, make_summary: Factory, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The store is away and the outbox outgrows [spool] max_mb: live copies go first (a
+    later copy or the final one supersedes them), then final summaries lose their figures,
+    newest first, and stay as 'missing' records that say why; the oldest go last. The
+    counts are kept, logged and shown by `spool status`; the store gets the records."""
+    oldest = make_summary(job_id="1", utils=(50.0,) * 8)
+    older = make_summary(job_id="2", utils=(50.0,) * 8)
+    newest = make_summary(job_id="3", utils=(50.0,) * 8)
+    post_aged(spool, oldest, 300)
+    post_aged(spool, older, 200)
+    post_aged(spool, make_summary(job_id="4", status=RUNNING, utils=(9.0,) * 8), 250)
+    post_aged(spool, newest, 100)
+    sizes = {os.path.basename(p): os.path.getsize(p) for p in spool.pending()}
+    # Room for the oldest and a little: the live copy must go, and then one final's figures.
+    bound = sizes["gpueffdev-1-gpu1.json"] + sizes["gpueffdev-2-gpu1.json"] + 1500
+
+    def store_away() -> SqliteStore:
+        raise StoreError("cannot reach store: connection refused")
+
+    log = HookLog(str(tmp_path / "log"), "-", "deliver")
+    config = Config(retry_s=0.01, retry_max_s=0.01, retry_for_s=0.03, spool_max_mb=bound / 1e6)
+    assert deliver_until_done(spool, store_away, config, log) is None
+    left = {s.job_id: s for s in map(read_back, spool.taken())}
+    assert sorted(left) == ["1", "2", "3"]  # the live copy went
+    assert left["1"] == oldest and left["2"] == older  # the oldest keep their figures
+    assert left["3"].status == "missing" and left["3"].gpus == []
+    assert left["3"].reason == ("its figures were dropped on gpu1: the spool outbox reached its "
+                                f"{bound / 1e6:g} MB bound while the store was unreachable")
+    assert sum(map(os.path.getsize, spool.taken())) <= bound
+    assert spool_status(spool).dropped == {"live": 1, "emptied": 1, "dropped": 0}
+    assert "dropped 1 live copies, kept 1 final summaries without their figures" in (
+        tmp_path / "log").read_text()
+    conf = tmp_path / "gpueff.conf"
+    conf.write_text(f"[spool]\ndir = {spool.root}\n[store]\npath = {tmp_path / 'back.db'}\n")
+    assert cli_main(["spool", "status", "--config", str(conf)]) == 0
+    assert "1 live copies, 1 final summaries kept without their figures, 0 whole" in capsys.readouterr().out
+    assert cli_main(["spool", "flush", "--config", str(conf)]) == 0  # the store is back
+    with SqliteStore(str(tmp_path / "back.db"), readonly=True) as store:
+        assert [s.status for s in store.node_summaries("3")] == ["missing"]  # said, not lost
+        assert store.node_summaries("1") == [oldest]
+
+
+def test_a_spool_within_its_bound_is_left_alone(spool: Spool, make_summary: Factory) -> None:
+    from slurm_gpu_eff.store.deliver import keep_within
+
+    spool.post(make_summary(status=RUNNING))
+    spool.post(make_summary(job_id="2"))
+    assert not keep_within(spool, 1e9)
+    kept = sorted((read_back(p).job_id, read_back(p).status, len(read_back(p).gpus)) for p in spool.taken())
+    assert kept == [("2", COMPLETE, 1), ("4242", RUNNING, 1)]
+    assert spool_status(spool).dropped == {}
+
+
+def test_when_only_records_are_left_the_newest_go_first(spool: Spool, make_summary: Factory) -> None:
+    from slurm_gpu_eff.store.deliver import keep_within
+
+    for n, age in (("1", 30), ("2", 20), ("3", 10)):
+        post_aged(spool, make_summary(job_id=n, status="missing", reason="no sampler", utils=()), age)
+    one = max(map(os.path.getsize, spool.pending()))
+    trimmed = keep_within(spool, one * 1.5)
+    assert (trimmed.live, trimmed.emptied, trimmed.dropped) == (0, 0, 2)
+    assert [read_back(p).job_id for p in spool.taken()] == ["1"]
+
+
+def read_back(path: str) -> Any:
+    from slurm_gpu_eff.node.spool import read_summary
+
+    return read_summary(path)
