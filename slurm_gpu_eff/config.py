@@ -64,6 +64,10 @@ class Config:
         sacct: str = "sacct",
         slurmd: str = "slurmd",  # `slurmd -G` maps Slurm's GPU indexes to device files
         squeue: str = "squeue",  # a sampler whose epilog never came asks whether its job ended
+        # Mirror a compact line of each job's GPU figures into its AdminComment in Slurm's
+        # accounting (mirror.py), for sites whose tools read it; sacctmgr writes it.
+        admin_comment: bool = False,
+        sacctmgr: str = "sacctmgr",
         hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
@@ -90,6 +94,8 @@ class Config:
         self.sacct = sacct
         self.slurmd = slurmd
         self.squeue = squeue
+        self.admin_comment = admin_comment
+        self.sacctmgr = sacctmgr
         # [hints] as written: the hints module knows its rules and checks these itself.
         self.hints: dict[str, str] = dict(hints or {})
 
@@ -132,7 +138,12 @@ _KEYS = [
     ("slurm", "sacct", "sacct", str),
     ("slurm", "slurmd", "slurmd", str),
     ("slurm", "squeue", "squeue", str),
+    ("slurm", "admin_comment", "admin_comment", bool),
+    ("slurm", "sacctmgr", "sacctmgr", str),
 ]
+
+_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}
 
 
 def config_path(path: str | None = None) -> str:
@@ -162,6 +173,11 @@ def load_config(path: str | None = None) -> Config:
             raise ConfigError(f"{path}: unknown setting [{section}] {key}")
         name, kind = known[(section, key)]
         if text == "":
+            continue
+        if kind is bool:
+            if text.lower() not in _BOOLEANS:
+                raise ConfigError(f"{path}: [{section}] {key} = {text!r}: say true or false")
+            values[name] = _BOOLEANS[text.lower()]
             continue
         try:
             value = kind(text)

@@ -28,6 +28,8 @@ from .errors import (  # noqa: F401  re-exported: the package's vocabulary in on
 
 SUMMARY_VERSION = 1
 
+IDLE_UTIL = 5.0  # percent: a GPU below this on average did no useful work
+
 # Node summary status: how far the figures can be trusted.
 RUNNING = "running"  # a live snapshot from a sampler that is still going
 COMPLETE = "complete"  # the sampler flushed at the job's end

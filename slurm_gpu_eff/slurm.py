@@ -102,6 +102,24 @@ def run_sacct(job_id: str, sacct: str = "sacct", delimiter: str = "") -> str:
     return done.stdout.decode("utf-8", "replace")
 
 
+def set_admin_comment(job_id: str, cluster: str, text: str, sacctmgr: str = "sacctmgr") -> None:
+    """Write `text` into the job's AdminComment in Slurm's accounting (root or SlurmUser
+    only). Slurm 22.05's sacctmgr lowercases it: callers write what survives that."""
+    command = [sacctmgr, "-i", "modify", "job", "where", f"jobid={check_job_id(job_id)}"]
+    command += [f"cluster={cluster}"] if cluster else []
+    command += ["set", f"AdminComment={text}"]
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=30, check=False)
+    except FileNotFoundError as exc:
+        raise SlurmError(f"{sacctmgr} not found: set [slurm] sacctmgr") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError("sacctmgr did not answer within 30 s (is slurmdbd up?)") from exc
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
+        raise SlurmError(f"sacctmgr could not set job {job_id}'s AdminComment: "
+                         f"{(said or ['no message'])[-1]}")
+
+
 def parse_rows(text: str, delimiter: str = DELIMITER) -> list[dict[str, str]]:
     """sacct -P output -> one dict per row, stitching rows a newline in a name split."""
     rows: list[dict[str, str]] = []

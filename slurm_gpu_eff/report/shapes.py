@@ -10,10 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import GpuSummary
+from ..model import IDLE_UTIL, GpuSummary
 from ..slurm import SlurmJob
 
-IDLE_UTIL = 5.0  # percent: a GPU below this on average did no useful work
 # Every metric the sampler may measure; the report gives each a _mean and a _max,
 # null when it was not measured (not supported here, or no GPM), never 0.
 METRICS = (

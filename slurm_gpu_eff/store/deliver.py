@@ -32,12 +32,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ..config import Config, load_config
+from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
 from ..model import MISSING, NodeSummary
 from ..node.log import HookLog
 from ..node.spool import SUMMARY, Spool, is_sampler, read_json, read_summary, sampler_pid, write_json
 from . import Store, open_store
+from .base import run_of
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Delivery:
     set_aside: list[str] = field(default_factory=list)  # not summaries: outbox/corrupt/
     dead: list[str] = field(default_factory=list)  # rejected by the store: outbox/dead/
     swept: list[str] = field(default_factory=list)  # abandoned job directories posted
+    finals: list[NodeSummary] = field(default_factory=list)  # final summaries stored
 
 
 class Busy(GpuEffError):
@@ -138,6 +140,8 @@ def deliver(spool: Spool, store: Store) -> Delivery:
             continue
         result.delivered += stored
         result.skipped += not stored
+        if stored and summary.final:
+            result.finals.append(summary)
         os.unlink(path)
     return result
 
@@ -234,7 +238,8 @@ def deliver_until_done(
     """The detached deliverer: a pass now; if the store is away, become the spool's one
     retrier (or leave it to the one there is) and try again with growing waits."""
     max_bytes = config.spool_max_mb * 1e6
-    result = _attempt(spool, open_store, log, max_bytes=max_bytes)
+    mirror = admin_comments(find_command(config.sacctmgr)) if config.admin_comment else None
+    result = _attempt(spool, open_store, log, max_bytes=max_bytes, mirror=mirror)
     if result is not None or not waiting(spool):
         return result
     try:
@@ -247,7 +252,7 @@ def deliver_until_done(
                     return None
                 sleep(wait)
                 wait = min(wait * 2, config.retry_max_s)
-                result = _attempt(spool, open_store, log, quiet=True, max_bytes=max_bytes)
+                result = _attempt(spool, open_store, log, quiet=True, max_bytes=max_bytes, mirror=mirror)
                 if result is not None and result.delivered:
                     log.write(f"the store is back: {result.delivered} summaries delivered")
             return result
@@ -255,8 +260,12 @@ def deliver_until_done(
         return None  # a retrier is at work on this spool already
 
 
+Mirror = Callable[[Store, list[NodeSummary], HookLog], None]
+
+
 def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
-             quiet: bool = False, max_bytes: float = math.inf) -> Delivery | None:
+             quiet: bool = False, max_bytes: float = math.inf,
+             mirror: Mirror | None = None) -> Delivery | None:
     """Deliver until nothing waits, under the lock; None when the store failed (the
     summaries stay). A deliverer that finds the lock taken leaves at once: the holder looks
     at the outbox again after it lets go, so what was posted meanwhile is never stranded."""
@@ -266,10 +275,14 @@ def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
             with locked(spool):
                 try:
                     with open_store() as store:
+                        now = Delivery()
                         while True:
-                            _add(total, deliver(spool, store))
+                            _add(now, deliver(spool, store))
                             if not spool.pending():
                                 break
+                        if mirror is not None:
+                            mirror(store, now.finals, log)
+                        _add(total, now)
                 except StoreError:
                     _trim(spool, max_bytes, log)
                     raise
@@ -306,6 +319,26 @@ def _add(total: Delivery, one: Delivery) -> None:
     total.set_aside += one.set_aside
     total.dead += one.dead
     total.swept += one.swept
+    total.finals += one.finals
+
+
+def admin_comments(sacctmgr: str) -> Mirror:
+    """Mirror each run whose final summary was just stored into the job's AdminComment,
+    from all its node summaries the store has (the last node to deliver writes them all).
+    Runs in the detached deliverer: a slow slurmdbd costs no job anything; a failure is
+    logged, and the store keeps the figures."""
+    from ..mirror import admin_comment
+    from ..slurm import set_admin_comment
+
+    def mirror(store: Store, finals: list[NodeSummary], log: HookLog) -> None:
+        for cluster, job_id, run in sorted({(s.cluster, s.job_id, run_of(s)) for s in finals}):
+            try:
+                summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
+                set_admin_comment(job_id, cluster, admin_comment(summaries), sacctmgr)
+            except GpuEffError as exc:
+                log.write(f"job {job_id}: its AdminComment was not written: {exc}")
+
+    return mirror
 
 
 @dataclass
@@ -378,7 +411,8 @@ def main(argv: list[str]) -> int:
             return open_store(config.store_url)
 
         if len(argv) == 2:
-            _attempt(spool, store, log, max_bytes=config.spool_max_mb * 1e6)
+            mirror = admin_comments(find_command(config.sacctmgr)) if config.admin_comment else None
+            _attempt(spool, store, log, max_bytes=config.spool_max_mb * 1e6, mirror=mirror)
         else:
             deliver_until_done(spool, store, config, log)
     except Exception as exc:  # detached: its failure goes to the log (stderr is /dev/null)
