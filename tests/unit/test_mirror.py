@@ -102,3 +102,4 @@ def test_admin_comment_is_a_true_or_false_setting_off_by_default(tmp_path: Path)
     conf.write_text("[slurm]\nadmin_comment = maybe\n")
     with pytest.raises(ConfigError, match="admin_comment = 'maybe': say true or false"):
         load_config(str(conf))
+
