@@ -85,8 +85,8 @@ class PostgresStore(Store):
             self.conn.execute(f"set lock_timeout = {STATEMENT_TIMEOUT_MS}")
             applied = self._applied()
             self._check_not_newer(applied)
-            if readonly:
-                self.conn.read_only = True
+            if readonly:  # the server refuses any write on this session, whatever the role
+                self.conn.execute("set default_transaction_read_only = on")
             elif len(applied) < len(MIGRATIONS):
                 self._migrate()
         except psycopg.Error as exc:

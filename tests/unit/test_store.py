@@ -325,3 +325,14 @@ def test_postgresql_integrity_error_is_a_rejection_not_an_outage(pg_url: str, ma
 def test_an_unknown_store_url_is_a_clear_error() -> None:
     with pytest.raises(StoreError, match=r"unknown store URL 'mysql://root@db/x'"):
         open_store("mysql://root:pw@db/x")
+
+
+def test_postgresql_reader_session_is_read_only_even_for_the_writers_role(
+    pg_url: str, make_summary: Factory,
+) -> None:
+    import psycopg
+
+    open_store(pg_url).close()
+    with open_store(pg_url, readonly=True) as reader:
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            reader.conn.execute("delete from node_summaries")  # type: ignore[attr-defined]
