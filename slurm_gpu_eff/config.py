@@ -67,6 +67,7 @@ class Config:
         # Mirror a compact line of each job's GPU figures into its AdminComment in Slurm's
         # accounting (mirror.py), for sites whose tools read it; sacctmgr writes it.
         admin_comment: bool = False,
+        scontrol: str = "scontrol",
         sacctmgr: str = "sacctmgr",
         hints: dict[str, str] | None = None,
     ) -> None:
@@ -95,6 +96,7 @@ class Config:
         self.slurmd = slurmd
         self.squeue = squeue
         self.admin_comment = admin_comment
+        self.scontrol = scontrol
         self.sacctmgr = sacctmgr
         # [hints] as written: the hints module knows its rules and checks these itself.
         self.hints: dict[str, str] = dict(hints or {})
@@ -139,6 +141,7 @@ _KEYS = [
     ("slurm", "slurmd", "slurmd", str),
     ("slurm", "squeue", "squeue", str),
     ("slurm", "admin_comment", "admin_comment", bool),
+    ("slurm", "scontrol", "scontrol", str),
     ("slurm", "sacctmgr", "sacctmgr", str),
 ]
 

@@ -102,22 +102,50 @@ def run_sacct(job_id: str, sacct: str = "sacct", delimiter: str = "") -> str:
     return done.stdout.decode("utf-8", "replace")
 
 
-def set_admin_comment(job_id: str, cluster: str, text: str, sacctmgr: str = "sacctmgr") -> None:
-    """Write `text` into the job's AdminComment in Slurm's accounting (root or SlurmUser
-    only). Slurm 22.05's sacctmgr lowercases it: callers write what survives that."""
-    command = [sacctmgr, "-i", "modify", "job", "where", f"jobid={check_job_id(job_id)}"]
+def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "scontrol",
+                      sacctmgr: str = "sacctmgr") -> str:
+    """Write `text` into the job's AdminComment (root or SlurmUser only); returns where.
+
+    Checked on Slurm 22.05: while slurmctld still holds the job (running, or completing on
+    other nodes) its copy is what the job's end record carries into the database, over
+    anything written there meanwhile, so it is written through slurmctld (`scontrol
+    update`); once slurmctld says the job has finished, into the database (`sacctmgr`,
+    which lowercases it: callers write what survives that)."""
+    job_id = check_job_id(job_id)
+    held = _run_slurm([scontrol, "update", f"jobid={job_id}", f"AdminComment={text}"], 30)
+    if held.returncode == 0:
+        return "slurmctld"
+    said = _said(held)
+    if "finished" not in said and "Invalid job id" not in said:
+        raise SlurmError(f"scontrol could not set job {job_id}'s AdminComment: {said}")
+    command = [sacctmgr, "-i", "modify", "job", "where", f"jobid={job_id}"]
     command += [f"cluster={cluster}"] if cluster else []
-    command += ["set", f"AdminComment={text}"]
-    try:
-        done = subprocess.run(command, capture_output=True, timeout=30, check=False)
-    except FileNotFoundError as exc:
-        raise SlurmError(f"{sacctmgr} not found: set [slurm] sacctmgr") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmError("sacctmgr did not answer within 30 s (is slurmdbd up?)") from exc
+    stored = _run_slurm([*command, "set", f"AdminComment={text}"], 30)
+    if stored.returncode != 0:
+        raise SlurmError(f"sacctmgr could not set job {job_id}'s AdminComment: {_said(stored)}")
+    return "slurmdbd"
+
+
+def get_admin_comment(job_id: str, sacct: str = "sacct") -> str:
+    """The job's AdminComment as the database holds it."""
+    done = _run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-n", "-P", "--format=AdminComment"], 30)
     if done.returncode != 0:
-        said = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
-        raise SlurmError(f"sacctmgr could not set job {job_id}'s AdminComment: "
-                         f"{(said or ['no message'])[-1]}")
+        raise SlurmError(f"sacct failed: {_said(done)}")
+    return done.stdout.decode("utf-8", "replace").split("\n", 1)[0].strip()
+
+
+def _run_slurm(command: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(command, capture_output=True, timeout=timeout, check=False)
+    except FileNotFoundError as exc:
+        raise SlurmError(f"{command[0]} not found: set it in [slurm]") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError(f"{command[0]} did not answer within {timeout:g} s") from exc
+
+
+def _said(done: subprocess.CompletedProcess[bytes]) -> str:
+    lines = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 def parse_rows(text: str, delimiter: str = DELIMITER) -> list[dict[str, str]]:

@@ -238,7 +238,7 @@ def deliver_until_done(
     """The detached deliverer: a pass now; if the store is away, become the spool's one
     retrier (or leave it to the one there is) and try again with growing waits."""
     max_bytes = config.spool_max_mb * 1e6
-    mirror = admin_comments(find_command(config.sacctmgr)) if config.admin_comment else None
+    mirror = admin_comments(config) if config.admin_comment else None
     result = _attempt(spool, open_store, log, max_bytes=max_bytes, mirror=mirror)
     if result is not None or not waiting(spool):
         return result
@@ -322,23 +322,35 @@ def _add(total: Delivery, one: Delivery) -> None:
     total.finals += one.finals
 
 
-def admin_comments(sacctmgr: str) -> Mirror:
+def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep) -> Mirror:
     """Mirror each run whose final summary was just stored into the job's AdminComment,
     from all its node summaries the store has (the last node to deliver writes them all).
-    Runs in the detached deliverer: a slow slurmdbd costs no job anything; a failure is
-    logged, and the store keeps the figures."""
+    Runs in the detached deliverer: a slow slurmctld or slurmdbd costs no job anything; a
+    failure is logged, and the store keeps the figures."""
     from ..mirror import admin_comment
-    from ..slurm import set_admin_comment
+    from ..slurm import get_admin_comment, set_admin_comment
+
+    commands = {name: find_command(getattr(config, name)) for name in ("scontrol", "sacctmgr", "sacct")}
 
     def mirror(store: Store, finals: list[NodeSummary], log: HookLog) -> None:
         for cluster, job_id, run in sorted({(s.cluster, s.job_id, run_of(s)) for s in finals}):
             try:
                 summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
-                set_admin_comment(job_id, cluster, admin_comment(summaries), sacctmgr)
+                text = admin_comment(summaries)
+                if set_admin_comment(job_id, cluster, text, commands["scontrol"],
+                                     commands["sacctmgr"]) == "slurmdbd":
+                    # The job's end record may still be on its way to slurmdbd, carrying
+                    # slurmctld's older copy over ours: look again, and write once more.
+                    sleep(MIRROR_RECHECK_S)
+                    if get_admin_comment(job_id, commands["sacct"]).lower() != text:
+                        set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"])
             except GpuEffError as exc:
                 log.write(f"job {job_id}: its AdminComment was not written: {exc}")
 
     return mirror
+
+
+MIRROR_RECHECK_S = 5.0
 
 
 @dataclass
@@ -411,7 +423,7 @@ def main(argv: list[str]) -> int:
             return open_store(config.store_url)
 
         if len(argv) == 2:
-            mirror = admin_comments(find_command(config.sacctmgr)) if config.admin_comment else None
+            mirror = admin_comments(config) if config.admin_comment else None
             _attempt(spool, store, log, max_bytes=config.spool_max_mb * 1e6, mirror=mirror)
         else:
             deliver_until_done(spool, store, config, log)

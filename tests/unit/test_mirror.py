@@ -49,32 +49,76 @@ def test_figures_not_measured_are_dashes_not_zeros(make_summary: Factory) -> Non
                     "mem_peak=- energy_kwh=-")
 
 
-def fake_sacctmgr(tmp_path: Path, rc: int = 0) -> Path:
-    """A sacctmgr that records its arguments, one per line, and answers like the real one."""
-    path = tmp_path / "sacctmgr"
-    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {tmp_path}/sacctmgr.calls\n'
-                    f'[ {rc} = 0 ] || echo "Request didn\'t affect anything" >&2\nexit {rc}\n')
-    path.chmod(0o755)
-    return path
+def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", sacct: str = "") -> Config:
+    """scontrol, sacctmgr and sacct that record their arguments (one call a line, in
+    calls.log) and say or print what they are given (an error: exit 1)."""
+    def command(name: str, answer: str) -> str:
+        path = tmp_path / name
+        fail = answer.startswith("error:")
+        path.write_text(f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/calls.log\n'
+                        + (f"echo '{answer[6:]}' >&2\nexit 1\n" if fail else f"printf '%s\\n' '{answer}'\n"))
+        path.chmod(0o755)
+        return str(path)
+
+    return Config(admin_comment=True, scontrol=command("scontrol", scontrol),
+                  sacctmgr=command("sacctmgr", sacctmgr), sacct=command("sacct", sacct))
 
 
-def test_the_deliverer_mirrors_each_final_run_with_all_its_nodes(
-    tmp_path: Path, make_summary: Factory,
-) -> None:
+def calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+LINE = ("gpueff1 status=complete nodes=2 gpus=2 util=50.0 gpu_util=90.0,10.0 idle=0 "
+        "mem_peak=25.0 energy_kwh=0.500")
+
+
+def deliver_two_nodes(tmp_path: Path, config: Config, make_summary: Factory) -> None:
     spool = Spool(str(tmp_path / "spool"))
     store_path = str(tmp_path / "gpueff.db")
     with SqliteStore(store_path) as store:
         store.put(make_summary(node="gpu2", utils=(10.0,)))  # the other node came first
     spool.post(make_summary(node="gpu1", utils=(90.0,)))
     spool.post(make_summary(job_id="77", status=RUNNING))  # a live copy is not mirrored
-    config = Config(admin_comment=True, sacctmgr=str(fake_sacctmgr(tmp_path)))
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
     result = deliver_until_done(spool, lambda: SqliteStore(store_path), config, log)
     assert result is not None and result.delivered == 2
-    calls = (tmp_path / "sacctmgr.calls").read_text().splitlines()
-    assert calls == ["-i", "modify", "job", "where", "jobid=4242", "cluster=gpueffdev", "set",
-                     "AdminComment=gpueff1 status=complete nodes=2 gpus=2 util=50.0 "
-                     "gpu_util=90.0,10.0 idle=0 mem_peak=25.0 energy_kwh=0.500"]
+
+
+def test_while_slurmctld_holds_the_job_the_line_goes_through_it(
+    tmp_path: Path, make_summary: Factory,
+) -> None:
+    """Checked on Slurm 22.05: the job's end record carries slurmctld's AdminComment into
+    the database over anything written there before; so slurmctld's copy first."""
+    deliver_two_nodes(tmp_path, fake_slurm(tmp_path), make_summary)
+    assert calls(tmp_path) == [f"scontrol update jobid=4242 AdminComment={LINE}"]
+
+
+def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_overtaken(
+    tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slurm_gpu_eff.store import deliver as module
+
+    monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
+    config = fake_slurm(tmp_path, scontrol="error:Job has already finished for job 4242",
+                        sacct="")  # the end record overtook our write: nothing there
+    deliver_two_nodes(tmp_path, config, make_summary)
+    database = f"sacctmgr -i modify job where jobid=4242 cluster=gpueffdev set AdminComment={LINE}"
+    assert calls(tmp_path) == [
+        f"scontrol update jobid=4242 AdminComment={LINE}", database,
+        "sacct -j 4242 -X -n -P --format=AdminComment",
+        f"scontrol update jobid=4242 AdminComment={LINE}", database]
+
+
+def test_a_line_read_back_lowercased_is_not_written_twice(
+    tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slurm_gpu_eff.store import deliver as module
+
+    monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
+    config = fake_slurm(tmp_path, scontrol="error:Invalid job id specified", sacct=LINE.lower())
+    deliver_two_nodes(tmp_path, config, make_summary)
+    assert len(calls(tmp_path)) == 3  # scontrol, sacctmgr, the read-back: no second write
 
 
 def test_a_mirror_that_fails_is_logged_and_costs_the_store_nothing(
@@ -84,13 +128,13 @@ def test_a_mirror_that_fails_is_logged_and_costs_the_store_nothing(
     store_path = str(tmp_path / "gpueff.db")
     spool.post(make_summary())
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
-    mirror = admin_comments(str(fake_sacctmgr(tmp_path, rc=1)))
+    config = fake_slurm(tmp_path, scontrol="error:Access/permission denied")
     from slurm_gpu_eff.store import deliver as module
 
-    result = module._attempt(spool, lambda: SqliteStore(store_path), log, mirror=mirror)
+    result = module._attempt(spool, lambda: SqliteStore(store_path), log, mirror=admin_comments(config))
     assert result is not None and result.delivered == 1
-    assert ("job 4242: its AdminComment was not written: sacctmgr could not set job 4242's "
-            "AdminComment: Request didn't affect anything") in (tmp_path / "log").read_text()
+    assert ("job 4242: its AdminComment was not written: scontrol could not set job 4242's "
+            "AdminComment: Access/permission denied") in (tmp_path / "log").read_text()
 
 
 def test_admin_comment_is_a_true_or_false_setting_off_by_default(tmp_path: Path) -> None:
