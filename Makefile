@@ -4,6 +4,10 @@ PY_BASE ?= /usr/bin/python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 CLUSTER := bash scripts/cluster.sh
+PYTEST  := $(PY) -m pytest -q -p no:cacheprovider
+# The dev cluster's store engine for `make cluster` and `make integration`: sqlite or
+# postgresql (a private server under the cluster's directory, scripts/pg.sh).
+STORE   ?= sqlite
 # The stand-in libnvidia-ml.so.1 the tests and the demo load below the real pynvml
 STANDIN := build/nvml/current/libnvidia-ml.so.1
 
@@ -12,12 +16,18 @@ STANDIN := build/nvml/current/libnvidia-ml.so.1
 demo: cluster
 	@$(PY) scripts/demo.py
 
+# Every test on both store engines: all of them with the cluster on SQLite (a test with a
+# store of its own runs once per engine), then the cluster is switched to PostgreSQL and
+# the tests of its store (marker cluster_store) run again; it is switched back either way.
 test: venv lint
-	$(CLUSTER) up
-	GPUEFF_REQUIRE_CLUSTER=1 $(PY) -m pytest -q -p no:cacheprovider tests
+	GPUEFF_STORE=sqlite $(CLUSTER) up
+	GPUEFF_REQUIRE_CLUSTER=1 $(PYTEST) tests
+	$(CLUSTER) store postgresql
+	GPUEFF_REQUIRE_CLUSTER=1 $(PYTEST) -m cluster_store tests/integration; \
+	  status=$$?; $(CLUSTER) store sqlite && exit $$status
 
 cluster: venv
-	$(CLUSTER) up
+	GPUEFF_STORE=$(STORE) $(CLUSTER) up
 
 cluster-down:
 	$(CLUSTER) down
@@ -50,10 +60,10 @@ docs: venv
 	$(PY) scripts/gen_hints_doc.py
 
 unit: venv
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PYTEST) tests/unit
 
 integration: cluster
-	GPUEFF_REQUIRE_CLUSTER=1 $(PY) -m pytest -q -p no:cacheprovider tests/integration
+	GPUEFF_REQUIRE_CLUSTER=1 $(PYTEST) tests/integration
 
 bench: venv
 	$(PY) bench/run.py

@@ -4,13 +4,18 @@
 #   cluster.sh up       start (or complete) the cluster; idempotent
 #   cluster.sh down     stop every daemon of the cluster and remove its directory
 #   cluster.sh env      print `export` lines: eval "$(scripts/cluster.sh env)"
-#   cluster.sh status   which daemons run, and sinfo
+#   cluster.sh status   which daemons run, the store's engine, and sinfo
+#   cluster.sh store sqlite|postgresql
+#                       switch a running cluster's store engine: the hooks and gpueff
+#                       read gpueff.conf at every run, so the next epilog delivers there
 #
 # Everything (configs, Slurm state, logs, pid files, MariaDB, the munge socket,
 # device nodes, the gpueff store and spool) lives under one directory, so that
 # `down` leaves nothing behind and the system's own services are never touched.
 # Environment: GPUEFF_CLUSTER_DIR (default /var/tmp/gpueff-cluster),
-# GPUEFF_NODES (default 3: multi-node jobs need more than one), GPUEFF_PORT_BASE (default 16800).
+# GPUEFF_NODES (default 3: multi-node jobs need more than one), GPUEFF_PORT_BASE (default 16800),
+# GPUEFF_STORE (`up`'s store engine: sqlite, the default, a file under the cluster dir; or
+# postgresql, a private server under $DIR/pg from scripts/pg.sh).
 # Why each setting is what it is: /work/shared/notes/slurm-test-cluster.md.
 set -euo pipefail
 
@@ -36,6 +41,10 @@ MYSQL_SOCKET=$DIR/mysql/mysqld.sock  # mariadbd runs as mysql: its files in its 
 MYSQL_PORT=$((PORT_BASE + 6))
 CTLD_PORT=$((PORT_BASE + 17))
 DBD_PORT=$((PORT_BASE + 19))
+PG_PORT=$((PORT_BASE + 8))
+PG_DIR=$DIR/pg                      # the store's PostgreSQL server (scripts/pg.sh)
+PG_SH=$REPO/scripts/pg.sh
+STORE=${GPUEFF_STORE:-sqlite}
 DB_PASS=gpueffdev                   # loopback-only, throwaway database
 HOST=$(uname -n)
 HOST=${HOST%%.*}                    # what `hostname -s` prints, without needing it
@@ -99,6 +108,7 @@ require_root() { [ "$(id -u)" -eq 0 ] || die "must run as root (it starts daemon
 
 check_settings() {
   [[ $NODES =~ ^[1-9][0-9]?$ ]] || die "GPUEFF_NODES must be 1..99, not '$NODES'"
+  [[ $STORE =~ ^(sqlite|postgresql)$ ]] || die "the store engine must be sqlite or postgresql, not '$STORE'"
   [[ $PORT_BASE =~ ^[1-9][0-9]{3,4}$ ]] && ((PORT_BASE + 20 + NODES < 65536)) ||
     die "GPUEFF_PORT_BASE must leave room for ports up to +$((20 + NODES)), not '$PORT_BASE'"
   [ -x "$VENV_BIN/python" ] ||
@@ -153,7 +163,9 @@ first_closed_dir() {
 # cluster's configs; a checkout under /root, say, would fail only inside jobs.
 check_user_access() {
   local target
-  for target in "$VENV_BIN/python" "$ETC"; do
+  local -a targets=("$VENV_BIN/python" "$ETC")
+  [ "$STORE" != postgresql ] || targets+=("$PG_DIR/socket") # gpueff's read path
+  for target in "${targets[@]}"; do
     runuser -u alice -- test -x "$target" ||
       die "user alice cannot reach $target: make $(first_closed_dir alice "$target") traversable by others (chmod o+x)"
   done
@@ -296,7 +308,23 @@ EOF
   done
 }
 
+# The [store] keys for $STORE: the SQLite file, or the private PostgreSQL server's URLs
+# (writers: role gpueff over TCP, its password in root's $PG_DIR/pgpass; readers, any
+# user running gpueff: role gpueff_read on the Unix socket).
+store_settings() {
+  local url read_url
+  if [ "$STORE" = postgresql ]; then
+    url=$(bash "$PG_SH" url "$PG_DIR") && read_url=$(bash "$PG_SH" read-url "$PG_DIR") || return 1
+    echo "url = $url"
+    echo "read_url = $read_url"
+  else
+    echo "path = $DIR/store/gpueff.db"
+  fi
+}
+
 write_gpueff_conf() {
+  local store
+  store=$(store_settings) || die "no URL for the store under $PG_DIR"
   put_file "$ETC/gpueff.conf" 0644 <<EOF
 [gpu]
 library = $STANDIN
@@ -313,7 +341,7 @@ dir = $DIR/spool/%n
 retry_s = 2
 retry_max_s = 5
 [store]
-path = $DIR/store/gpueff.db
+$store
 [log]
 file = $LOG/gpueff-%n.log
 EOF
@@ -395,6 +423,13 @@ write_configs() {
 }
 
 # ---------------------------------------------------------------- daemons
+
+# The private PostgreSQL server (idempotent: a running one is left alone).
+ensure_pg() {
+  local out
+  out=$(bash "$PG_SH" start "$PG_DIR" "$PG_PORT" 2>&1) || { echo "$out" >&2; die "PostgreSQL did not start under $PG_DIR"; }
+  say "postgres: ${out#pg: }"
+}
 
 # ensure LABEL LOG TIMEOUT CHECK START PROCESS [ARG]: run START unless this
 # cluster's PROCESS (with ARG) already runs, then wait until CHECK [ARG] passes.
@@ -535,6 +570,7 @@ cmd_up() {
   check_settings
   prepare_dir
   ensure_users
+  [ "$STORE" != postgresql ] || ensure_pg
   write_configs
   check_user_access
   ensure munged "$LOG/munged.log" 10 munge_ok start_munged munged
@@ -546,7 +582,7 @@ cmd_up() {
   for node in $(all_nodes); do
     ensure "slurmd $node" "$LOG/slurmd-$node.log" 30 node_ok start_slurmd slurmd "$node"
   done
-  say "up in $((SECONDS - start)) s: $NODES node(s) under $DIR; use it with: eval \"\$($0 env)\""
+  say "up in $((SECONDS - start)) s: $NODES node(s) under $DIR, store $STORE; use it with: eval \"\$($0 env)\""
 }
 
 # ---------------------------------------------------------------- down, env, status
@@ -578,12 +614,20 @@ stop_procs() {
 }
 
 cmd_down() {
-  local name
+  local name out
   require_root
   cancel_jobs
   for name in slurmd slurmstepd slurmctld slurmdbd mariadbd mysqld munged; do
     stop_procs "$name"
   done
+  if [ -d "$PG_DIR" ]; then
+    if out=$(bash "$PG_SH" stop "$PG_DIR" 2>&1); then
+      say "postgres: ${out#pg: }"
+    else
+      say "pg.sh could not stop PostgreSQL ($out); killing it"
+    fi
+  fi
+  stop_procs postgres # what pg.sh could not stop (its data dir is on the command line)
   if [ -e "$MARKER" ]; then
     rm -rf "$DIR"
     say "removed $DIR"
@@ -611,11 +655,31 @@ cmd_status() {
     pids=$(cluster_pids "$name" | paste -sd,)
     printf '%-10s %s\n' "$name" "$([ -n "$pids" ] && echo "running (pid $pids)" || echo "not running")"
   done
+  if [ -d "$PG_DIR" ]; then
+    printf '%-10s %s\n' postgres "$(bash "$PG_SH" status "$PG_DIR" || true) under $PG_DIR"
+  fi
+  printf '%-10s %s\n' store "$(sed -n '/^\[store\]/,/^\[/{/^[a-z_]* *=/p}' "$ETC/gpueff.conf" 2>/dev/null | paste -sd' ')"
   if slurmctld_ok; then
     timeout 10 sinfo -N -l
   else
     echo "slurmctld does not answer: no sinfo"
   fi
+}
+
+# Switch the store engine of a cluster that `up` made: start PostgreSQL if need be and
+# rewrite gpueff.conf (not read at Slurm's start: no restart needed). What waits in the
+# spools goes to the new store; a PostgreSQL server no longer used keeps running (and
+# its data) until `down`.
+cmd_store() {
+  STORE=${1:-}
+  require_root
+  check_settings
+  [ -e "$MARKER" ] && [ -e "$ETC/gpueff.conf" ] || die "no cluster under $DIR: run '$0 up' first"
+  prepare_dir
+  [ "$STORE" != postgresql ] || ensure_pg
+  write_gpueff_conf
+  check_user_access
+  say "store: $STORE ($(sed -n '/^\[store\]/,/^\[/{/^[a-z_]* *=/p}' "$ETC/gpueff.conf" | paste -sd' '))"
 }
 
 main() {
@@ -624,8 +688,12 @@ main() {
   down) cmd_down ;;
   env) cmd_env ;;
   status) cmd_status ;;
+  store)
+    [ $# -eq 2 ] || { echo "usage: $0 store sqlite|postgresql" >&2; exit 2; }
+    cmd_store "$2"
+    ;;
   *)
-    echo "usage: $0 up|down|env|status" >&2
+    echo "usage: $0 up|down|env|status|store sqlite|postgresql" >&2
     exit 2
     ;;
   esac

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Install what the development cluster (scripts/cluster.sh) needs on Debian 12:
-# Slurm 22.05, slurmdbd, munge, MariaDB, python3-venv, and gcc for the stand-in NVML library.
+# Slurm 22.05, slurmdbd, munge, MariaDB, python3-venv, gcc for the stand-in NVML library,
+# and PostgreSQL's server and libpq for the store's second engine. Our PostgreSQL servers
+# are private ones under a directory of their own (scripts/pg.sh); the cluster Debian's
+# package may create (15/main, port 5432) is never used, whether it runs or not.
 # Idempotent and fast: when everything is already there it runs no apt at all,
 # so `make` can call it every time.
 set -euo pipefail
@@ -8,7 +11,8 @@ set -euo pipefail
 # The daemons live in sbin, which a non-login root shell may not have on PATH.
 export PATH=/usr/sbin:/sbin:$PATH
 
-PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev libslurm-perl libslurmdb-perl)
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev libslurm-perl libslurmdb-perl
+  postgresql libpq5)
 COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # Slurm's own seff, the peer the tests compare with: from Debian's source package of the
@@ -26,6 +30,11 @@ missing() {
   /usr/bin/python3 -m venv --help >/dev/null 2>&1 || echo "python3-venv"
   /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || echo "ensurepip"
   perl -MSlurmdb -e1 >/dev/null 2>&1 || echo "libslurmdb-perl"
+  # PostgreSQL's server binaries are not on PATH (Debian: /usr/lib/postgresql/N/bin).
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo "postgresql"
+  id postgres >/dev/null 2>&1 || echo "postgres-user"
+  # psycopg (pure Python) loads the system's libpq.so.5.
+  [[ $(dpkg-query -W -f='${Status}' libpq5 2>/dev/null) == *" ok installed" ]] || echo "libpq5"
 }
 
 # seff from `apt-get source slurm-wlm` (a deb-src line for this release is added if the
@@ -68,7 +77,7 @@ main() {
   local gaps
   gaps=$(missing | tr '\n' ' ')
   if [ -z "$gaps" ]; then
-    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, python3-venv present)"
+    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, postgresql, python3-venv present)"
     fetch_seff
     return
   fi

@@ -3,6 +3,12 @@
 Jobs are submitted by unprivileged Unix users (alice, bob) with sbatch; their GPUs are
 simulated behind the pynvml API by `gpueff-sim run` inside the job. Nothing is mocked
 between sbatch and `gpueff --json`.
+
+The store runs on both engines. A test of the cluster's store is marked `cluster_store`:
+`make test` runs every test with the cluster on SQLite, then switches the cluster to
+PostgreSQL (`scripts/cluster.sh store postgresql`) and runs the `cluster_store` tests
+again. A test with a store of its own takes the `store_site` fixture, which runs it once
+per engine (PostgreSQL: a private server from tests/pg.py).
 """
 
 from __future__ import annotations
@@ -11,10 +17,11 @@ import json
 import os
 import re
 import shlex
-import sqlite3
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +29,26 @@ from typing import Any
 import pytest
 
 from scripts.demo import cluster_env
+from slurm_gpu_eff.config import Config, load_config
+from tests import pg
 
 REPO = Path(__file__).resolve().parents[2]
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cluster_store: uses the development cluster's store; `make test` runs it "
+        "again with the cluster on PostgreSQL (scripts/cluster.sh store postgresql)")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Which engine the cluster's store is on, so that a log says which pass it is."""
+    try:
+        conf = load_config(cluster_env()["GPUEFF_CONFIG"])
+    except Exception:  # no cluster, or no config yet: nothing to say
+        return None
+    return f"development cluster's store: {pg.engine_of(conf.store_url)} ({conf.store_url})"
 
 
 @dataclass
@@ -124,14 +148,36 @@ class Cluster:
     def gpueff(self, job_id: str, user: str = "alice", *args: str) -> Result:
         return self.run(["gpueff", job_id, *args], user=user)
 
+    def config(self) -> Config:
+        """The cluster's gpueff.conf as the hooks read it now (the engine may be switched)."""
+        return load_config(self.env["GPUEFF_CONFIG"])
+
+    @property
+    def store_url(self) -> str:
+        """The writers' URL of the cluster's store (root reads the PostgreSQL password)."""
+        return self.config().store_url
+
+    @property
+    def engine(self) -> str:
+        return pg.engine_of(self.store_url)
+
+    def store_rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """A read query on the cluster's store, whichever the engine (`?` placeholders)."""
+        return pg.rows(self.store_url, sql, params)
+
+    def store_execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """A write on the cluster's store (a test damaging it on purpose)."""
+        return pg.execute(self.store_url, sql, params)
+
+    def store_down(self) -> AbstractContextManager[None]:
+        """The cluster's store unusable while inside: PostgreSQL stopped, or the SQLite
+        file held locked by a reader's exclusive transaction."""
+        return pg.store_down(self.store_url, self.dir / "pg")
+
     def summaries(self, job_id: str) -> dict[str, dict[str, Any]]:
         """The stored node summaries of a job, by node."""
-        db = sqlite3.connect(f"file:{self.dir}/store/gpueff.db?mode=ro", uri=True)
-        try:
-            rows = db.execute("select node, body from node_summaries where job_id = ?", (job_id,))
-            return {node: json.loads(body) for node, body in rows}
-        finally:
-            db.close()
+        found = self.store_rows("select node, body from node_summaries where job_id = ?", (job_id,))
+        return {node: pg.as_json(body) for node, body in found}
 
     def played(self, job_id: str) -> tuple[float, float]:
         """When the job's workload started and ended, as gpueff-sim printed it."""
@@ -165,8 +211,26 @@ def cluster() -> Cluster:
     except (OSError, subprocess.SubprocessError):
         up = False
     if not up:
-        message = "the development cluster is not running (make cluster)"
-        if os.environ.get("GPUEFF_REQUIRE_CLUSTER"):
-            pytest.fail(message)
-        pytest.skip(message)
+        fail_or_skip("the development cluster is not running (make cluster)")
     return Cluster(env)
+
+
+def fail_or_skip(message: str) -> None:
+    """Where the cluster is required (make test, CI), what a test needs must be there."""
+    if os.environ.get("GPUEFF_REQUIRE_CLUSTER"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(params=pg.ENGINES)
+def store_site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[pg.StoreSite]:
+    """A store of the test's own, once per engine: the SQLite file tmp_path/store.db, or a
+    private PostgreSQL server (destroyed after the test)."""
+    if request.param == "sqlite":
+        yield pg.StoreSite.sqlite(tmp_path / "store.db")
+        return
+    why = pg.unavailable()
+    if why:
+        fail_or_skip(why)
+    with pg.PgServer() as server:
+        yield pg.StoreSite.postgresql(server)

@@ -8,7 +8,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import REPO, Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
 
 STANDIN = str(REPO / "build" / "nvml" / "current" / "libnvidia-ml.so.1")
 NODE = "gpu1"

@@ -1,12 +1,12 @@
 """Issue 8: many epilogs at once on many nodes, one store. Real epilog shims in separate
 processes (simulated nodes on this machine: a spool each), each posting its summary and
 starting a detached deliverer: every summary arrives once, none twice, none rejected,
-nothing left in any spool. (No Slurm needed: the environment is what slurmd gives.)"""
+nothing left in any spool. (No Slurm needed: the environment is what slurmd gives.)
+On both store engines: the SQLite file, and a private PostgreSQL server."""
 
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import spool_status
+from tests.pg import StoreSite
 from tests.unit.conftest import wait_delivered
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,10 +22,12 @@ EPILOG = REPO / "epilog" / "gpueff-epilog"
 NODES, JOBS_PER_NODE, AT_ONCE = 25, 20, 25  # 500 epilogs, 25 running at any moment
 
 
-def test_five_hundred_epilogs_deliver_five_hundred_summaries(tmp_path: Path) -> None:
+def test_five_hundred_epilogs_deliver_five_hundred_summaries(
+    tmp_path: Path, store_site: StoreSite,
+) -> None:
     (tmp_path / "gpueff.conf").write_text(
         f"[spool]\ndir = {tmp_path}/spool/%n\nretry_s = 0.5\nretry_max_s = 1\n"
-        f"[store]\npath = {tmp_path}/store.db\n[log]\nfile = {tmp_path}/log/%n.log\n"
+        + store_site.config() + f"[log]\nfile = {tmp_path}/log/%n.log\n"
         f"[hooks]\npython = {sys.executable}\n"
     )
     base = {"PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(tmp_path / "gpueff.conf"),
@@ -47,12 +50,11 @@ def test_five_hundred_epilogs_deliver_five_hundred_summaries(tmp_path: Path) -> 
     elapsed = time.monotonic() - started
     statuses = [spool_status(Spool(str(root))) for root in roots]
     assert not any(s.dead or s.corrupt for s in statuses)
-    db = sqlite3.connect(tmp_path / "store.db")
-    rows = db.execute("select node, job_id, count(*) from node_summaries group by node, job_id").fetchall()
+    rows = store_site.rows("select node, job_id, count(*) from node_summaries group by node, job_id")
     assert len(rows) == len(jobs) == 500
     assert {count for _, _, count in rows} == {1}  # none twice
     assert {(node, job) for node, job, _ in rows} == set(jobs)
     logs = "".join(p.read_text() for p in (tmp_path / "log").glob("*.log"))
     assert "failed" not in logs and "unreachable" not in logs, logs[-2000:]
-    print(f"500 epilogs on {NODES} nodes, {AT_ONCE} at a time: all delivered in {elapsed:.1f} s "
-          f"({500 / elapsed:.0f} summaries/s)")
+    print(f"{store_site.engine}: 500 epilogs on {NODES} nodes, {AT_ONCE} at a time: all delivered "
+          f"in {elapsed:.1f} s ({500 / elapsed:.0f} summaries/s)")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
 from typing import Any
 
 import pytest
 
+from tests import pg
+
 from .conftest import Cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
 
 NODE = "gpu1"
 IDLE = {"util": 0.0, "power_w": 70.0}  # the dev cluster's idle H100 (scripts/cluster.sh)
@@ -34,12 +35,9 @@ def window_truth(
 
 
 def node_summary(cluster: Cluster, job_id: str) -> dict[str, Any]:
-    import json
-
-    db = sqlite3.connect(f"file:{cluster.dir}/store/gpueff.db?mode=ro", uri=True)
-    rows = db.execute("select body from node_summaries where job_id = ?", (job_id,)).fetchall()
+    rows = cluster.store_rows("select body from node_summaries where job_id = ?", (job_id,))
     assert len(rows) == 1, rows
-    return json.loads(rows[0][0])
+    return pg.as_json(rows[0][0])
 
 
 def test_two_gpu_job_reports_the_profiles_truth(cluster: Cluster) -> None:
@@ -145,24 +143,20 @@ def test_running_job_shows_figures_so_far(cluster: Cluster) -> None:
 
 
 def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
-    """The epilog cannot reach the store: it returns at once all the same, the summary
-    waits in the spool (`gpueff spool status` says so), and once the store is back it
-    arrives by itself: no new job on the node, no command."""
+    """The epilog cannot reach the store (SQLite: the file held locked; PostgreSQL: the
+    server stopped): it returns at once all the same, the summary waits in the spool
+    (`gpueff spool status` says so), and once the store is back it arrives by itself: no
+    new job on the node, no command."""
     profile = cluster.profile([{"seconds": 4, "gpus": {"*": {"util": 55}}}])
-    store = sqlite3.connect(cluster.dir / "store" / "gpueff.db", timeout=30)
     job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
-    store.execute("begin exclusive")  # the store is "down" (locked) until we let go
-    try:
+    with cluster.store_down():  # the store is "down" until we let go
         assert cluster.wait_done(job) == "COMPLETED"
         outbox = cluster.spool(NODE) / "outbox"
         pending = [*outbox.glob(f"*-{job}-{NODE}-*.json"), *outbox.glob(f"inflight/*-{job}-{NODE}-*.json")]
         assert pending, "the summary should wait in the spool"
         status = cluster.run(["gpueff", "spool", "status", "--node", NODE])
         assert status.code == 0 and f"-{job}-{NODE}-" in status.out, status
-    finally:
-        store.rollback()
-        store.close()
     deadline = time.monotonic() + 60
     while True:
         done = cluster.gpueff(job, "alice", "--json")

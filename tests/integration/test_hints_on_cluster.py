@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import Cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
 
 H100_IDLE_W = 70.0
 GIB = 1024**3

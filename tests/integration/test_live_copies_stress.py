@@ -27,6 +27,8 @@ from slurm_gpu_eff.store import open_store
 from tests import pg
 from tests.unit.conftest import wait_delivered
 
+from .conftest import fail_or_skip
+
 NODES, JOBS_PER_NODE = 25, 40  # 1,000 running jobs
 LIVE_S = Config().live_s
 ROUND_S = LIVE_S / 4  # each round of 1,000 copies in a quarter of a live period
@@ -37,8 +39,9 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield pg.sqlite_url(tmp_path / "store.db")
         return
-    if not pg.available():
-        pytest.skip(pg.unavailable() or "")
+    why = pg.unavailable()
+    if why:
+        fail_or_skip(why)  # make test (GPUEFF_REQUIRE_CLUSTER) fails: CI must have it
     with pg.PgServer() as server:
         yield server.url
 

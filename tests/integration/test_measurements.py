@@ -6,23 +6,15 @@ without GPM, whose SM figures must be absent (null), never zero.
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from typing import Any
 
 import pytest
 
 from .conftest import Cluster
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
 
 H100_IDLE_W = 70.0
-
-
-def summaries(cluster: Cluster, job_id: str) -> dict[str, dict[str, Any]]:
-    db = sqlite3.connect(f"file:{cluster.dir}/store/gpueff.db?mode=ro", uri=True)
-    rows = db.execute("select node, body from node_summaries where job_id = ?", (job_id,))
-    return {node: json.loads(body) for node, body in rows}
 
 
 def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
@@ -40,7 +32,7 @@ def test_square_wave_that_snapshots_alias_is_measured_within_a_point(cluster: Cl
     job = cluster.submit_profile("alice", profile, "-w", "gpu1", "--gres=gpu:1")
     assert cluster.wait_done(job) == "COMPLETED"
     gpu = cluster.gpueff(job, "alice", "--json").json()["gpus"][0]
-    summary = summaries(cluster, job)["gpu1"]
+    summary = cluster.summaries(job)["gpu1"]
     state = cluster.sim_state("gpu1", gpu["minor"])
     t0, t1 = summary["sampled_from"], summary["sampled_until"]
     busy = overlap(t0, t1, state["started_at"], state["ended_at"])
@@ -91,8 +83,8 @@ def test_three_node_job_merges_nodes_and_says_which_part_is_missing(cluster: Clu
     assert text.count("gpu3 ") >= 2 and "n/a" in text
 
     # One node's part goes missing (a lost delivery): the report names it.
-    with sqlite3.connect(cluster.dir / "store" / "gpueff.db") as db:
-        db.execute("delete from node_summaries where job_id = ? and node = 'gpu2'", (job,))
+    assert cluster.store_execute("delete from node_summaries where job_id = ? and node = 'gpu2'",
+                                 (job,)) == 1
     data = cluster.gpueff(job, "bob", "--json").json()
     assert data["gpu_status"] == "partial" and data["missing_nodes"] == ["gpu2"]
     assert any("gpu2" in note and "missing" in note for note in data["notes"])

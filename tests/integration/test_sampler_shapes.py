@@ -2,19 +2,19 @@
 a MIG slice (SLURM_JOB_GPUS naming a MIG instance) and a 7-day job on a fast clock.
 
 The prolog, sampler, `gpueff-sim run` and epilog run as real processes; only the
-environment Slurm would give them is written by the test.
+environment Slurm would give them is written by the test. Each runs on both store engines.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.pg import StoreSite, as_json
 from tests.unit.conftest import wait_delivered
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,8 @@ MIG = "MIG-5ec0e2c4-1b0e-5a3e-9d7e-2f4a3c1b0a11"
 GIB = 1024**3
 
 
-def site(tmp_path: Path, devices: list[dict[str, Any]], **sampler: str) -> dict[str, str]:
+def site(tmp_path: Path, store: StoreSite, devices: list[dict[str, Any]],
+         **sampler: str) -> dict[str, str]:
     (tmp_path / "devices.json").write_text(json.dumps({"n1": devices}))
     (tmp_path / "state" / "n1").mkdir(parents=True)
     settings = {"interval_s": "0.5", "checkpoint_s": "1", "live_s": "3600", **sampler}
@@ -35,8 +36,8 @@ def site(tmp_path: Path, devices: list[dict[str, Any]], **sampler: str) -> dict[
         f"[gpu]\nlibrary = {STANDIN}\n[sim]\ndevices = {tmp_path}/devices.json\n"
         f"state_dir = {tmp_path}/state\ntime_scale = {scale}\n[sampler]\n"
         + "".join(f"{k} = {v}\n" for k, v in settings.items())
-        + f"[spool]\ndir = {tmp_path}/spool/%n\n[store]\npath = {tmp_path}/store.db\n"
-        f"[log]\nfile = {tmp_path}/log/%n.log\n"
+        + f"[spool]\ndir = {tmp_path}/spool/%n\n" + store.config()
+        + f"[log]\nfile = {tmp_path}/log/%n.log\n"
     )
     return {
         "PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(tmp_path / "gpueff.conf"),
@@ -45,12 +46,11 @@ def site(tmp_path: Path, devices: list[dict[str, Any]], **sampler: str) -> dict[
     }
 
 
-def stored(tmp_path: Path) -> dict[str, Any]:
+def stored(tmp_path: Path, store: StoreSite) -> dict[str, Any]:
     """The job's summary in the store, once the deliverer the epilog started is done."""
     wait_delivered([tmp_path / "spool" / "n1"], timeout=30)
-    db = sqlite3.connect(tmp_path / "store.db")
-    (body,) = db.execute("select body from node_summaries where job_id = '77'").fetchone()
-    return json.loads(body)
+    ((body,),) = store.rows("select body from node_summaries where job_id = '77'")
+    return dict(as_json(body))
 
 
 def sampler_pid(tmp_path: Path) -> int:
@@ -69,11 +69,13 @@ def rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-def test_mig_slice_is_measured_by_gpm_with_no_utilisation(tmp_path: Path) -> None:
+def test_mig_slice_is_measured_by_gpm_with_no_utilisation(
+    tmp_path: Path, store_site: StoreSite,
+) -> None:
     devices = [{"minor": 0, "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000", "name": "H100",
                 "gpm": True, "mig": [{"gi_id": 3, "uuid": MIG, "memory_total_gib": 10},
                                      {"gi_id": 5, "uuid": MIG[:-2] + "22", "memory_total_gib": 20}]}]
-    env = site(tmp_path, devices) | {"SLURM_JOB_GPUS": MIG}
+    env = site(tmp_path, store_site, devices) | {"SLURM_JOB_GPUS": MIG}
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"phases": [{"seconds": 6, "gpus": {"*": {
         "util": 90, "sm_active": 40, "tensor_active": 25, "mem_used_gib": 6}}}]}))
@@ -81,7 +83,7 @@ def test_mig_slice_is_measured_by_gpm_with_no_utilisation(tmp_path: Path) -> Non
     subprocess.run([str(SIM), "run", str(profile)], env=env, check=True, capture_output=True)
     subprocess.run([str(EPILOG)], env=env, check=True)
 
-    summary = stored(tmp_path)
+    summary = stored(tmp_path, store_site)
     assert summary["status"] == "complete"
     (gpu,) = summary["gpus"]
     assert gpu["uuid"] == MIG and gpu["mig_gi_id"] == 3 and gpu["minor"] == 0
@@ -95,12 +97,15 @@ def test_mig_slice_is_measured_by_gpm_with_no_utilisation(tmp_path: Path) -> Non
     assert abs(gpu["metrics"]["tensor_active"]["mean"] - 25 * busy / (t1 - t0)) <= 1.0
 
 
-def test_seven_days_at_four_gpus_in_bounded_memory_and_a_small_summary(tmp_path: Path) -> None:
+def test_seven_days_at_four_gpus_in_bounded_memory_and_a_small_summary(
+    tmp_path: Path, store_site: StoreSite,
+) -> None:
     day = 86400
     devices = [{"minor": m, "uuid": f"GPU-bbbbbbbb-0000-0000-0000-00000000000{m}", "gpm": True,
                 "name": "H100", "sample_buffer": 120} for m in range(4)]
     # One simulated minute per poll; 4 simulated hours per wall second: 7 days in 42 s.
-    env = site(tmp_path, devices, interval_s="60", time_scale="14400") | {"SLURM_JOB_GPUS": "0-3"}
+    env = site(tmp_path, store_site, devices, interval_s="60", time_scale="14400") | {
+        "SLURM_JOB_GPUS": "0-3"}
     profile = tmp_path / "week.json"
     profile.write_text(json.dumps({"phases": [{"seconds": 7 * day, "gpus": {"*": {
         "util": {"low": 10, "high": 90, "period_s": day, "duty": 0.5},
@@ -115,7 +120,7 @@ def test_seven_days_at_four_gpus_in_bounded_memory_and_a_small_summary(tmp_path:
     subprocess.run([str(EPILOG)], env=env, check=True)
 
     assert rss_week - rss_hour <= 5 * 1024, (rss_hour, rss_week)
-    summary = stored(tmp_path)
+    summary = stored(tmp_path, store_site)
     size = len(json.dumps(summary, separators=(",", ":")))
     print(f"7-day job, 4 GPUs: RSS {rss_hour} KiB after 1 h, {rss_week} KiB after 7 days; "
           f"summary {size} bytes")

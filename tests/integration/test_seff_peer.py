@@ -13,6 +13,10 @@ import pytest
 
 from tests.integration.conftest import REPO, Cluster
 
+# CPU and memory efficiency come from sacct, but `gpueff` reads each job's GPU figures
+# from the store on the way: it runs on both engines.
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
+
 SEFF = REPO / ".peers" / "seff"
 PY = "/usr/bin/python3"
 # Work that holds MiB of memory (touched, so it is resident) and burns CPU for seconds.
