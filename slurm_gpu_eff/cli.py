@@ -88,6 +88,9 @@ def cmd_spool(args: argparse.Namespace) -> str:
         result = flush(spool, lambda: open_store(config.store_url))
     except Busy as exc:
         raise GpuEffError(f"{exc}: it delivers what waits; see 'gpueff spool status'") from exc
+    except OSError as exc:  # not root, or no spool for this node here
+        raise GpuEffError(f"cannot deliver from {spool.root}: {exc.strerror or exc} "
+                          "(run it as root on the node, or name the node with --node)") from exc
     lines = [f"delivered {result.delivered}, skipped {result.skipped} older than stored"]
     lines += [f"rejected by the store, kept with the reason: {p}" for p in result.dead]
     lines += [f"not a summary, set aside: {p}" for p in result.set_aside]

@@ -380,3 +380,14 @@ def read_back(path: str) -> Any:
     from slurm_gpu_eff.node.spool import read_summary
 
     return read_summary(path)
+
+
+def test_flush_where_there_is_no_usable_spool_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    config = tmp_path / "gpueff.conf"
+    config.write_text(f"[spool]\ndir = {tmp_path / 'not-a-dir'}/%n\n[store]\npath = {tmp_path / 's.db'}\n")
+    code = cli_main(["spool", "flush", "--node", "gpu1", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert code not in (0, 70) and "cannot deliver from" in err and "Traceback" not in err, err
