@@ -16,6 +16,11 @@ from typing import Any
 
 from ..model import GpuSummary, NodeSummary
 
+# The schema's versions, oldest first: each engine has a migration of each name, and a
+# store holding a name not here was migrated by a newer slurm-gpu-eff.
+SCHEMA = ("m001_summaries", "m002_mig_slices_apart", "m003_runs_apart")
+MIGRATION_SET = "slurm-gpu-eff"
+
 NODE_KEY = ("cluster", "job_id", "node", "run")
 GPU_KEY = (*NODE_KEY, "minor", "mig_gi_id")
 

@@ -21,9 +21,8 @@ from psycopg import sql
 
 from ..errors import SpoolError, StoreError, StoreRejected
 from ..model import NodeSummary
-from .base import NODE_KEY, Store, gpu_rows, node_row, run_of, shown_url
+from .base import MIGRATION_SET, NODE_KEY, SCHEMA, Store, gpu_rows, node_row, run_of, shown_url
 
-MIGRATION_SET = "slurm-gpu-eff"
 CONNECT_TIMEOUT_S = 10
 # A statement waits this long for a lock or runs this long at most: a deliverer gives up
 # (its summaries wait in the spool) rather than hang on a database in trouble.
@@ -104,8 +103,7 @@ class PostgresStore(Store):
         return [name for (name,) in rows]
 
     def _check_not_newer(self, applied: list[str]) -> None:
-        known = {name for name, _ in MIGRATIONS}
-        unknown = [name for name in applied if name not in known]
+        unknown = [name for name in applied if name not in SCHEMA]
         if unknown:
             raise StoreError(f"the store {self.where} was upgraded by a newer slurm-gpu-eff "
                              f"(schema {', '.join(sorted(unknown))}): upgrade this one to use it")

@@ -1,7 +1,8 @@
 """The embedded store: node summaries in one SQLite file, through sqlite-utils.
 
 The default engine, for a cluster whose deliverers reach one disk. The schema and the
-rules are base.py's; migrations are sqlite-utils'.
+rules are base.py's; migrations are sqlite-utils' (sqlite_schema.py), loaded by writers
+only: a reader needs nothing beyond the standard library's sqlite3.
 """
 
 from __future__ import annotations
@@ -15,56 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import sqlite_utils
-from sqlite_utils import Migrations
-
 from ..errors import SpoolError, StoreError, StoreRejected
 from ..model import NodeSummary
-from .base import NODE_KEY, Store, gpu_rows, newer, node_row, run_of
-
-migrations = Migrations("slurm-gpu-eff")
-
-
-@migrations()
-def m001_summaries(db: sqlite_utils.Database) -> None:
-    db["node_summaries"].create(  # type: ignore[union-attr]
-        {
-            "cluster": str, "job_id": str, "node": str, "status": str, "reason": str,
-            "user": str, "account": str, "partition": str, "gpu_count": int,
-            "sampled_from": float, "sampled_until": float, "ended_at": float, "body": str,
-        },
-        pk=("cluster", "job_id", "node"),
-    )
-    db["gpus"].create(  # type: ignore[union-attr]
-        {
-            "cluster": str, "job_id": str, "node": str, "minor": int, "uuid": str, "name": str,
-            "user": str, "account": str, "partition": str, "status": str,
-            "util_mean": float, "mem_used_max_bytes": float, "mem_total_bytes": int,
-            "power_mean_w": float, "energy_j": float, "samples": int, "sampled_s": float,
-            "sampled_until": float,
-        },
-        pk=("cluster", "job_id", "node", "minor"),
-    )
-    db["gpus"].create_index(["sampled_until"])  # type: ignore[union-attr]
-    db["gpus"].create_index(["user", "sampled_until"])  # type: ignore[union-attr]
-
-
-@migrations()
-def m002_mig_slices_apart(db: sqlite_utils.Database) -> None:
-    """Two MIG slices of one GPU share its minor: a GPU row is keyed by its GPU instance
-    too (-1 for a whole GPU), or a job on two slices breaks the key at every delivery."""
-    db["gpus"].add_column("mig_gi_id", int, not_null_default=-1)  # type: ignore[union-attr]
-    db["gpus"].transform(pk=("cluster", "job_id", "node", "minor", "mig_gi_id"))  # type: ignore[union-attr]
-
-
-@migrations()
-def m003_runs_apart(db: sqlite_utils.Database) -> None:
-    """A requeued job keeps its id, and Slurm may give an id out again: rows are keyed by
-    the run too (when its prolog ran, whole seconds; 0 where it is not known)."""
-    for table, pk in (("node_summaries", ("cluster", "job_id", "node", "run")),
-                      ("gpus", ("cluster", "job_id", "node", "run", "minor", "mig_gi_id"))):
-        db[table].add_column("run", int, not_null_default=0)  # type: ignore[union-attr]
-        db[table].transform(pk=pk)  # type: ignore[union-attr]
+from .base import MIGRATION_SET, NODE_KEY, SCHEMA, Store, gpu_rows, newer, node_row, run_of
 
 
 class SqliteStore(Store):
@@ -78,22 +32,34 @@ class SqliteStore(Store):
             else:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
                 conn = sqlite3.connect(path, timeout=30)
-            self.db = sqlite_utils.Database(conn)
+            self.conn = conn
             self._check_not_newer()
-            if not readonly and migrations.pending(self.db):
-                # Hundreds of deliverers may open a new store at once: one migrates, the
-                # others wait for it (two writers upgrading at once get SQLITE_BUSY at once,
-                # whatever the timeout), then find nothing left to do.
-                with self._writing():
-                    migrations.apply(self.db)
+            if not readonly:
+                self._migrate()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {path}: {exc}") from exc
+
+    def _migrate(self) -> None:
+        import sqlite_utils
+
+        from .sqlite_schema import migrations
+
+        self.db = sqlite_utils.Database(self.conn)
+        if migrations.pending(self.db):
+            # Hundreds of deliverers may open a new store at once: one migrates, the
+            # others wait for it (two writers upgrading at once get SQLITE_BUSY at once,
+            # whatever the timeout), then find nothing left to do.
+            with self._writing():
+                migrations.apply(self.db)
 
     def _check_not_newer(self) -> None:
         """A store that a newer slurm-gpu-eff has migrated is never written by this one (nor
         read as if it knew its shape): a clear error, not silent damage."""
-        known = {m.name for m in migrations._migrations}
-        unknown = [m.name for m in migrations.applied(self.db) if m.name not in known]
+        if not self.conn.execute("select 1 from sqlite_master where name = '_sqlite_migrations'").fetchone():
+            return
+        applied = [name for (name,) in self.conn.execute(
+            "select name from _sqlite_migrations where migration_set = ? order by rowid", (MIGRATION_SET,))]
+        unknown = [name for name in applied if name not in SCHEMA]
         if unknown:
             raise StoreError(f"the store {self.path} was upgraded by a newer slurm-gpu-eff "
                              f"(schema {', '.join(unknown)}): upgrade this one to use it")
@@ -103,7 +69,7 @@ class SqliteStore(Store):
             raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
         key = (summary.cluster, summary.job_id, summary.node, run_of(summary))
         where = " and ".join(f"{column} = ?" for column in NODE_KEY)
-        conn = self.db.conn
+        conn = self.conn
         try:
             with self._writing():
                 return self._put(conn, summary, key, where)
@@ -153,19 +119,24 @@ class SqliteStore(Store):
         finally:
             os.close(fd)  # lets go of the lock
     def node_summaries(self, job_id: str, cluster: str | None = None) -> list[NodeSummary]:
-        where, args = "job_id = ?", [job_id]
+        query, args = "select body from node_summaries where job_id = ?", [job_id]
         if cluster:
-            where, args = where + " and cluster = ?", args + [cluster]
+            query, args = query + " and cluster = ?", args + [cluster]
         try:
-            rows = self.db["node_summaries"].rows_where(where, args, order_by="run, node")
-            return [NodeSummary.from_dict(json.loads(r["body"])) for r in rows]
+            rows = self.conn.execute(query + " order by run, node", args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                raise StoreError(f"no GPU data has been stored yet ({self.path} has no tables)") from exc
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
-        except (ValueError, SpoolError) as exc:  # a row someone edited or truncated
+        try:
+            return [NodeSummary.from_dict(json.loads(body)) for (body,) in rows]
+        except (ValueError, TypeError, SpoolError) as exc:  # a row someone edited or truncated
             raise StoreError(f"store {self.path} holds a corrupt summary of job {job_id}: {exc}") from exc
 
     def close(self) -> None:
-        self.db.conn.close()
+        self.conn.close()
 
 
 WRITE_WAIT_S = 60.0  # a writer's longest wait in the queue; the holder's own wait on

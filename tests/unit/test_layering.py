@@ -176,4 +176,4 @@ def test_all_hot_paths_together_and_a_gpu_session_stay_light(tmp_path: Path) -> 
 
 def test_the_probe_would_notice_a_heavy_import() -> None:
     assert loaded_after("import slurm_gpu_eff.report.render")["jinja2"] is True
-    assert loaded_after("import slurm_gpu_eff.store.sqlite")["sqlite_utils"] is True
+    assert loaded_after("import slurm_gpu_eff.store.sqlite_schema")["sqlite_utils"] is True

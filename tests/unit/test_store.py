@@ -336,3 +336,30 @@ def test_postgresql_reader_session_is_read_only_even_for_the_writers_role(
     with open_store(pg_url, readonly=True) as reader:
         with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
             reader.conn.execute("delete from node_summaries")  # type: ignore[attr-defined]
+
+
+def test_both_engines_have_every_schema_version_in_order() -> None:
+    from slurm_gpu_eff.store.base import SCHEMA
+    from slurm_gpu_eff.store.postgres import MIGRATIONS
+    from slurm_gpu_eff.store.sqlite_schema import migrations
+
+    assert tuple(m.name for m in migrations._migrations) == SCHEMA
+    assert tuple(name for name, _ in MIGRATIONS) == SCHEMA
+
+
+def test_reading_the_sqlite_store_loads_no_sqlite_utils(tmp_path: Path, make_summary: Factory) -> None:
+    """`gpueff JOBID` reads the store: its start-up must not pay for sqlite-utils (68 ms)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "gpueff.db"
+    with open_store(f"sqlite://{path}") as store:
+        store.put(make_summary())
+    code = ("import sys; from slurm_gpu_eff.store import open_store; "
+            f"s = open_store('sqlite://{path}', readonly=True); "
+            "assert len(s.node_summaries('4242')) == 1; "
+            "print(sorted(m for m in sys.modules if 'sqlite_utils' in m))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

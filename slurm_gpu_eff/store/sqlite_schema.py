@@ -1,0 +1,54 @@
+"""The SQLite store's schema: sqlite-utils migrations, in order. Imported by writers only,
+so that `gpueff` reading the store never loads sqlite-utils; readers check the names
+against base.SCHEMA."""
+
+from __future__ import annotations
+
+import sqlite_utils
+from sqlite_utils import Migrations
+
+from .base import MIGRATION_SET
+
+migrations = Migrations(MIGRATION_SET)
+
+
+@migrations()
+def m001_summaries(db: sqlite_utils.Database) -> None:
+    db["node_summaries"].create(  # type: ignore[union-attr]
+        {
+            "cluster": str, "job_id": str, "node": str, "status": str, "reason": str,
+            "user": str, "account": str, "partition": str, "gpu_count": int,
+            "sampled_from": float, "sampled_until": float, "ended_at": float, "body": str,
+        },
+        pk=("cluster", "job_id", "node"),
+    )
+    db["gpus"].create(  # type: ignore[union-attr]
+        {
+            "cluster": str, "job_id": str, "node": str, "minor": int, "uuid": str, "name": str,
+            "user": str, "account": str, "partition": str, "status": str,
+            "util_mean": float, "mem_used_max_bytes": float, "mem_total_bytes": int,
+            "power_mean_w": float, "energy_j": float, "samples": int, "sampled_s": float,
+            "sampled_until": float,
+        },
+        pk=("cluster", "job_id", "node", "minor"),
+    )
+    db["gpus"].create_index(["sampled_until"])  # type: ignore[union-attr]
+    db["gpus"].create_index(["user", "sampled_until"])  # type: ignore[union-attr]
+
+
+@migrations()
+def m002_mig_slices_apart(db: sqlite_utils.Database) -> None:
+    """Two MIG slices of one GPU share its minor: a GPU row is keyed by its GPU instance
+    too (-1 for a whole GPU), or a job on two slices breaks the key at every delivery."""
+    db["gpus"].add_column("mig_gi_id", int, not_null_default=-1)  # type: ignore[union-attr]
+    db["gpus"].transform(pk=("cluster", "job_id", "node", "minor", "mig_gi_id"))  # type: ignore[union-attr]
+
+
+@migrations()
+def m003_runs_apart(db: sqlite_utils.Database) -> None:
+    """A requeued job keeps its id, and Slurm may give an id out again: rows are keyed by
+    the run too (when its prolog ran, whole seconds; 0 where it is not known)."""
+    for table, pk in (("node_summaries", ("cluster", "job_id", "node", "run")),
+                      ("gpus", ("cluster", "job_id", "node", "run", "minor", "mig_gi_id"))):
+        db[table].add_column("run", int, not_null_default=0)  # type: ignore[union-attr]
+        db[table].transform(pk=pk)  # type: ignore[union-attr]
