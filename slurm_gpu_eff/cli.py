@@ -53,20 +53,31 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> str:
+    from .slurm import SacctQuery
+
+    config = load_config(args.config)
+    # sacct first: slurmdbd answers while the rest of gpueff loads and the store opens.
+    query = SacctQuery(args.job_id, config.sacct)
     from .report.hints import HintSettings
     from .report.job import GroupReport, JobReport, build_group, build_report
     from .report.render import render_json, render_text
-    from .slurm import get_jobs
-    from .store import open_store
+    from .store import Store, open_store
 
-    config = load_config(args.config)
     settings = HintSettings.from_config(config.hints)
-    jobs = get_jobs(args.job_id, config.sacct)
-    store = open_store(config.store_read_url, readonly=True)
+    store: Store | None = None
+    failed: GpuEffError | None = None
     try:
+        store = open_store(config.store_read_url, readonly=True)
+    except GpuEffError as exc:  # said after sacct's verdict: an unknown job is that first
+        failed = exc
+    try:
+        jobs = query.jobs()
+        if store is None:
+            raise failed or GpuEffError("no store")
         parts = [(job, store.node_summaries(job.job_id_raw, job.cluster)) for job in jobs]
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     report: JobReport | GroupReport
     if len(parts) == 1:
         report = build_report(*parts[0], settings)

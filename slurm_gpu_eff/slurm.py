@@ -1,6 +1,6 @@
 """Slurm's accounting, through `sacct -P` (stable across Slurm releases, unlike --json).
 
-The one subprocess call lives in `run_sacct`; everything else is pure parsing, tested
+The sacct call lives in `SacctQuery`; everything else is pure parsing, tested
 on captured sacct text. Rows are zipped strictly with the columns asked for, so a new
 Slurm column never shifts values silently. The delimiter is new for every call (random
 bytes between unit separators): a job's owner cannot put it in the job's name ahead of
@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import secrets
 import subprocess
+import time
 from dataclasses import dataclass
 
 from .errors import JobNotFound, SlurmError, UsageError
@@ -82,24 +83,47 @@ def fresh_delimiter() -> str:
     return f"\x1f{secrets.token_hex(8)}\x1f"
 
 
-def run_sacct(job_id: str, sacct: str = "sacct", delimiter: str = "") -> str:
-    """sacct's rows for the job, separated by `delimiter` (parse_rows needs the same)."""
-    command = [
-        sacct, "-j", check_job_id(job_id), "-P", "-n", f"--delimiter={delimiter or DELIMITER}",
-        "--format=" + ",".join(FIELDS),
-    ]
-    try:
-        # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
-        done = subprocess.run(command, capture_output=True, timeout=60, check=False)
-    except FileNotFoundError as exc:
-        raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmError("sacct did not answer within 60 s (is slurmdbd up?)") from exc
-    if done.returncode != 0:
-        stderr = done.stderr.decode("utf-8", "replace")
-        first = (stderr.strip().splitlines() or ["no message"])[0]
-        raise SlurmError(f"sacct failed: {first}")
-    return done.stdout.decode("utf-8", "replace")
+class SacctQuery:
+    """sacct's rows for a job, asked for at once and read when needed: `gpueff` starts it
+    first and loads the rest of itself while slurmdbd answers."""
+
+    TIMEOUT_S = 60
+
+    def __init__(self, job_id: str, sacct: str = "sacct") -> None:
+        self.job_id = check_job_id(job_id)
+        self.sacct = sacct
+        self.delimiter = fresh_delimiter()
+        self.started = time.monotonic()
+        command = [
+            sacct, "-j", self.job_id, "-P", "-n", f"--delimiter={self.delimiter}",
+            "--format=" + ",".join(FIELDS),
+        ]
+        try:
+            # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except FileNotFoundError as exc:
+            raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
+
+    def text(self) -> str:
+        left = max(0.1, self.TIMEOUT_S - (time.monotonic() - self.started))
+        try:
+            out, err = self.process.communicate(timeout=left)
+        except subprocess.TimeoutExpired as exc:
+            self.process.kill()
+            self.process.communicate()
+            raise SlurmError(f"sacct did not answer within {self.TIMEOUT_S} s (is slurmdbd up?)") from exc
+        if self.process.returncode != 0:
+            first = (err.decode("utf-8", "replace").strip().splitlines() or ["no message"])[0]
+            raise SlurmError(f"sacct failed: {first}")
+        return out.decode("utf-8", "replace")
+
+    def rows(self) -> list[dict[str, str]]:
+        return parse_rows(self.text(), self.delimiter)
+
+    def jobs(self) -> list[SlurmJob]:
+        """One job, or every task of an array / component of a heterogeneous job."""
+        return jobs_from_rows(self.job_id, self.rows())
 
 
 def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "scontrol",
@@ -203,9 +227,8 @@ def peak_memory(steps: list[dict[str, str]]) -> int | None:
 
 
 def get_job(job_id: str, sacct: str = "sacct") -> SlurmJob:
-    job_id = check_job_id(job_id)
-    delimiter = fresh_delimiter()
-    return job_from_rows(job_id, parse_rows(run_sacct(job_id, sacct, delimiter), delimiter))
+    query = SacctQuery(job_id, sacct)
+    return job_from_rows(query.job_id, query.rows())
 
 
 def members(job_id: str, rows: list[dict[str, str]]) -> list[str]:
@@ -224,9 +247,10 @@ def members(job_id: str, rows: list[dict[str, str]]) -> list[str]:
 
 def get_jobs(job_id: str, sacct: str = "sacct") -> list[SlurmJob]:
     """One job, or every task of an array / component of a heterogeneous job."""
-    job_id = check_job_id(job_id)
-    delimiter = fresh_delimiter()
-    rows = parse_rows(run_sacct(job_id, sacct, delimiter), delimiter)
+    return SacctQuery(job_id, sacct).jobs()
+
+
+def jobs_from_rows(job_id: str, rows: list[dict[str, str]]) -> list[SlurmJob]:
     names = members(job_id, rows)
     if not names:
         return [job_from_rows(job_id, rows)]

@@ -5,11 +5,14 @@ Fixture files use slurm.FIELDS in order and the \\x1f delimiter, one per job sha
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -375,3 +378,39 @@ def test_an_array_of_ten_thousand_tasks_is_parsed_in_one_pass(tmp_path: Path) ->
     jobs = get_jobs("900", str(fake_sacct(tmp_path, f"emit {fixture}\n")))
     assert len(jobs) == 10_000
     assert (jobs[0].job_id, jobs[-1].job_id, jobs[-1].max_rss_bytes) == ("900_1", "900_10000", 10_000 * KIB)
+
+
+# --- gpueff JOBID: sacct asked first, the store opened while it answers ---------------------------
+
+def test_gpueff_reports_with_sacct_started_before_the_store_is_read(
+    tmp_path: Path, make_summary: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from slurm_gpu_eff.cli import main
+    from slurm_gpu_eff.store import open_store
+
+    script = fake_sacct(tmp_path, f"sleep 0.2\nemit {FIXTURES / 'completed_2gpu.txt'}\n")
+    store = tmp_path / "gpueff.db"
+    started = time.mktime(time.strptime("2026-11-20T10:00:00", "%Y-%m-%dT%H:%M:%S"))  # its Start
+    with open_store(f"sqlite://{store}") as opened:
+        opened.put(make_summary(node="gpu2", utils=(90.0, 10.0), run_started_at=started + 1))
+    config = tmp_path / "gpueff.conf"
+    config.write_text(f"[store]\npath = {store}\n[slurm]\nsacct = {script}\n")
+    assert main(["4242", "--json", "--config", str(config)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["job_id"] == "4242" and len(report["gpus"]) == 2
+
+
+def test_an_unknown_job_is_said_before_a_missing_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from slurm_gpu_eff.cli import main
+    from slurm_gpu_eff.errors import JobNotFound, StoreError
+
+    script = fake_sacct(tmp_path, "exit 0\n")  # sacct knows no such job
+    config = tmp_path / "gpueff.conf"
+    config.write_text(f"[store]\npath = {tmp_path / 'absent.db'}\n[slurm]\nsacct = {script}\n")
+    assert main(["999", "--config", str(config)]) == JobNotFound.exit_code
+    assert "job 999 is not in Slurm's accounting" in capsys.readouterr().err
+    fake_sacct(tmp_path, f"emit {FIXTURES / 'completed_2gpu.txt'}\n")  # now it does
+    assert main(["4242", "--config", str(config)]) == StoreError.exit_code
+    assert "no GPU data has been stored yet" in capsys.readouterr().err
