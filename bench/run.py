@@ -17,7 +17,10 @@ run on the same machine, so the numbers travel between machines:
   up, and with it down (the SQLite file held locked by a reader; the PostgreSQL server
   stopped), / the same epilog with the store up; and epilog-to-store throughput, 500
   epilogs on 25 nodes 25 at a time as in the stress test, summaries/s until the store holds
-  them all (PostgreSQL's / SQLite's).
+  them all (PostgreSQL's / SQLite's);
+- `gpueff JOBID` / Slurm's own seff (`.peers/seff`) on the same finished GPU job of the
+  dev cluster, run in turns as the job's owner (median of 10 each; bar 1.5x, issue 9);
+  skipped, saying why, when the cluster is not up.
 The sampler reads the full metric set (driver samples, GPM, clocks, throttling,
 processes, ECC, XID) through the real pynvml binding; bar: 1 ms and 1.5x the bare calls
 per GPU-sample (issue #7). GPUs are simulated below pynvml (no GPU here): the stand-in
@@ -313,6 +316,47 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     return (time.process_time() - start) / reads
 
 
+def bench_report_vs_seff(runs: int = 10) -> tuple[str, float, float] | str:
+    """`gpueff JOBID` against Slurm's own seff on the same finished GPU job of the dev
+    cluster, run in turns (median wall time of each), as the job's owner would. Returns
+    (job, gpueff, seff), or why it was skipped."""
+    seff = REPO / ".peers" / "seff"
+    if not seff.exists():
+        return "no .peers/seff (scripts/install-deps.sh fetches it)"
+    try:
+        from scripts.demo import cluster_env
+
+        env = cluster_env()
+        listed = subprocess.run(
+            ["sacct", "-a", "-X", "-n", "-P", "-S", "now-7days",
+             "--format=JobIDRaw,User,State,AllocTRES"], env=env, capture_output=True, text=True,
+            timeout=60, check=True).stdout.splitlines()
+    except (subprocess.SubprocessError, OSError, KeyError) as exc:
+        return f"no dev cluster ({type(exc).__name__}): make cluster"
+    gpu_jobs = [line.split("|")[:2] for line in listed
+                if "|COMPLETED|" in line and "gres/gpu" in line and "_" not in line]
+    keep = [f"{k}={env[k]}" for k in ("SLURM_CONF", "GPUEFF_CONFIG", "PATH")]
+    gpueff = str(REPO / ".venv" / "bin" / "gpueff")
+
+    def reports(job: str, user: str) -> bool:
+        return subprocess.run(["runuser", "-u", user, "--", "env", *keep, gpueff, job], env=env,
+                              capture_output=True, timeout=60, check=False).returncode == 0
+
+    chosen = next((j for j in reversed(gpu_jobs[-200:]) if reports(*j)), None)
+    if chosen is None:
+        return "no finished GPU job with figures on the dev cluster: make demo"
+    job, user = chosen
+    commands = {"gpueff": [gpueff, job], "seff": ["perl", str(seff), job]}
+    walls: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, command in commands.items():
+            started = time.perf_counter()
+            subprocess.run(["runuser", "-u", user, "--", "env", *keep, *command], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+            walls[name].append(time.perf_counter() - started)
+    return job, statistics.median(walls["gpueff"]), statistics.median(walls["seff"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="prolog runs (median)")
@@ -376,6 +420,13 @@ def main() -> int:
         ("store bytes per job-GPU", f"{db_bytes:.0f} B",
          f"{db_bytes / json_bytes:.2f}x its JSON summary ({json_bytes:.0f} B)", "-", True),
     ]
+    versus = bench_report_vs_seff()
+    if isinstance(versus, str):
+        rows.append(("gpueff JOBID vs Slurm's seff", "skipped", versus[:45], "-", True))
+    else:
+        job, ours, theirs = versus
+        rows.append((f"gpueff JOBID vs seff (job {job})", f"{ours * 1000:.0f} ms",
+                     f"{ours / theirs:.2f}x seff ({theirs * 1000:.0f} ms)", "<= 1.5x", ours / theirs <= 1.5))
     for name, value, ratio, target, ok in rows:
         print(f"{name:36s} {value:>10s}  {ratio:45s} target {target:16s} {'ok' if ok else 'MISSED'}")
     return 0
