@@ -19,7 +19,7 @@ from ..config import Config, load_config
 from ..errors import GpuEffError, SpoolError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .spool import PID_FILE, SUMMARY, Spool, is_sampler, read_summary, run_started, sampler_pid
+from .spool import PID_FILE, SUMMARY, Spool, is_sampler, private_dirs, read_summary, run_started, sampler_pid
 
 # The prolog's imports are kept to the bare minimum (no typing, dataclasses, re,
 # subprocess): each costs milliseconds of start-up on every job. The epilog imports
@@ -49,9 +49,11 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     gpus = parse_job_gpus(job.job_gpus)  # BindingError is logged by main(); no sampler then
     if not gpus:
         return
-    job_dir = Spool(config.spool_for(job.node)).job_dir(job.job_id)
+    spool = Spool(config.spool_for(job.node))
+    job_dir = spool.job_dir(job.job_id)
     try:
-        os.makedirs(job_dir, exist_ok=True)
+        spool.make_private()
+        private_dirs(job_dir)
     except OSError as exc:
         raise SpoolError(f"cannot create {job_dir}: {exc.strerror}") from exc
     # The sampler reads the job from Slurm's variables and the config we were given: no
@@ -59,7 +61,8 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     started = time.time()  # this run's identity: the job id alone is not (requeues)
     sampler_env = dict(child_env(env, config), GPUEFF_RUN_STARTED=f"{started:.3f}")
     pid = start_detached(sampler_command(config, job_dir), sampler_env)
-    with open(os.path.join(job_dir, PID_FILE), "w", encoding="ascii") as handle:
+    with os.fdopen(os.open(os.path.join(job_dir, PID_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                   "w", encoding="ascii") as handle:
         handle.write(f"{pid} {started:.3f}\n")
     log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={job.job_gpus}")
 

@@ -20,8 +20,12 @@ class HookLog:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         line = f"{stamp} {self.prefix}: {' '.join(message.split())}\n"
         try:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as handle:
+            directory = os.path.dirname(self.path)
+            if directory and not os.path.isdir(directory):
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+            # 0600: the log names users and jobs, which users may not read of each other.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as handle:
                 handle.write(line)
         except OSError:
             try:  # the log itself failed (disk full?): stderr reaches slurmd's log

@@ -12,7 +12,9 @@
 
 Every write is atomic (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never half of one. Summaries go to the outbox first and to the store
-second, so a store that is down loses nothing: the next delivery takes them.
+second, so a store that is down loses nothing: the next delivery takes them. The spool
+is root's alone (0700, files 0600): it names users, jobs and what their GPUs did, which
+users may not read of each other.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class Spool:
 
     def job_dir(self, job_id: str) -> str:
         return os.path.join(self.root, "jobs", _safe(job_id))
+
+    def make_private(self) -> None:
+        """Create the spool's root 0700, or make an older one so."""
+        private_dirs(self.root)
+        os.chmod(self.root, 0o700)
 
     def post(self, summary: NodeSummary) -> str:
         """Queue a node summary for the store; the newest one per job, node and run wins."""
@@ -65,7 +72,7 @@ class Spool:
 
         target = os.path.join(self.inflight, f"{time.time_ns():020d}-{os.path.basename(path)}")
         try:
-            os.makedirs(self.inflight, exist_ok=True)
+            private_dirs(self.inflight)
             os.rename(path, target)
         except FileNotFoundError:
             return None
@@ -80,9 +87,10 @@ class Spool:
 
     def bury(self, path: str, reason: str) -> str:
         """A summary the store rejected: kept, with why, for a human (spool status)."""
-        os.makedirs(self.dead, exist_ok=True)
+        private_dirs(self.dead)
         target = os.path.join(self.dead, os.path.basename(path))
-        with open(f"{target}.reason", "w", encoding="utf-8") as handle:
+        with os.fdopen(os.open(f"{target}.reason", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                       "w", encoding="utf-8") as handle:
             handle.write(reason + "\n")
         os.replace(path, target)
         return target
@@ -90,7 +98,7 @@ class Spool:
     def set_aside(self, path: str, name: str | None = None) -> str:
         """Move a file that is not a summary out of the way, keeping it for inspection."""
         corrupt = os.path.join(self.outbox, "corrupt")
-        os.makedirs(corrupt, exist_ok=True)
+        private_dirs(corrupt)
         target = os.path.join(corrupt, name or os.path.basename(path))
         os.replace(path, target)
         return target
@@ -143,6 +151,18 @@ def is_sampler(pid: int, job_dir: str) -> bool:
         return False
 
 
+def private_dirs(path: str) -> None:
+    """os.makedirs with 0700 for what it creates (the parents it makes too)."""
+    if not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent and parent != path:
+            private_dirs(parent)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+
+
 def _safe(text: str) -> str:
     return "".join(c if c in _SAFE else "_" for c in text) or "_"
 
@@ -154,8 +174,9 @@ def write_json(path: str, data: object) -> None:
     directory = os.path.dirname(path)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        os.makedirs(directory, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as handle:
+        private_dirs(directory)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                       encoding="utf-8") as handle:
             json.dump(data, handle, separators=(",", ":"))
             handle.flush()
             os.fsync(handle.fileno())

@@ -36,7 +36,16 @@ from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
 from ..model import MISSING, NodeSummary
 from ..node.log import HookLog
-from ..node.spool import SUMMARY, Spool, is_sampler, read_json, read_summary, sampler_pid, write_json
+from ..node.spool import (
+    SUMMARY,
+    Spool,
+    is_sampler,
+    private_dirs,
+    read_json,
+    read_summary,
+    sampler_pid,
+    write_json,
+)
 from . import Store, open_store
 from .base import run_of
 
@@ -58,8 +67,8 @@ class Busy(GpuEffError):
 @contextmanager
 def locked(spool: Spool, name: str = "deliver.lock", wait_s: float = 0.0) -> Iterator[None]:
     """Hold the spool's lock `name` (waiting up to wait_s for it), or raise Busy."""
-    os.makedirs(spool.outbox, exist_ok=True)
-    fd = os.open(os.path.join(spool.outbox, name), os.O_RDWR | os.O_CREAT, 0o644)
+    private_dirs(spool.outbox)
+    fd = os.open(os.path.join(spool.outbox, name), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         deadline = time.monotonic() + wait_s
         while True:

@@ -359,3 +359,27 @@ def test_a_running_job_has_fresh_figures_in_the_store_without_any_epilog(hook_si
         time.sleep(0.1)
     assert seen[1] > seen[0]  # the newer copy replaced the older one
     assert Config().live_s == 45  # the default: a copy under 60 s old, delivery included
+
+
+def test_the_spool_and_the_log_are_root_s_alone(hook_site: Any) -> None:
+    """Issue 9: spool files and hook logs name users, jobs and their GPUs' figures; no
+    user may read another's. With slurmd's usual umask (022), everything the hooks, the
+    sampler and the deliverer make under the spool or the log directory is 0700/0600,
+    and a spool made readable by an older version is closed again by the next prolog."""
+    old = os.umask(0o022)
+    try:
+        hook_site.spool_root.mkdir(parents=True)
+        hook_site.spool_root.chmod(0o755)  # as an older version left it
+        hook_site.write_state(2, {"util": 60}, started_at=time.time() - 10)
+        env = hook_site.export(hook_site.env())
+        hooks.main(["prolog"], env)
+        hook_site.wait_for(hook_site.job_dir() / "summary.json")
+        hooks.main(["epilog"], env)
+        assert hook_site.stored()  # delivered: the deliverer wrote under the spool too
+    finally:
+        os.umask(old)
+    made = [hook_site.spool_root, *hook_site.spool_root.rglob("*"),
+            hook_site.log_path.parent, *hook_site.log_path.parent.rglob("*")]
+    assert len(made) > 5
+    readable = {str(p): oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o077}
+    assert readable == {}
