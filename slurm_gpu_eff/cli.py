@@ -61,23 +61,18 @@ def cmd_report(args: argparse.Namespace) -> str:
     from .report.hints import HintSettings
     from .report.job import GroupReport, JobReport, build_group, build_report
     from .report.render import render_json, render_text
-    from .store import Store, open_store
+    from .store import open_store
 
     settings = HintSettings.from_config(config.hints)
-    store: Store | None = None
-    failed: GpuEffError | None = None
     try:
         store = open_store(config.store_read_url, readonly=True)
-    except GpuEffError as exc:  # said after sacct's verdict: an unknown job is that first
-        failed = exc
+    except GpuEffError:
+        query.jobs()  # sacct's verdict first: an unknown job is that, whatever the store
+        raise
     try:
-        jobs = query.jobs()
-        if store is None:
-            raise failed or GpuEffError("no store")
-        parts = [(job, store.node_summaries(job.job_id_raw, job.cluster)) for job in jobs]
+        parts = [(job, store.node_summaries(job.job_id_raw, job.cluster)) for job in query.jobs()]
     finally:
-        if store is not None:
-            store.close()
+        store.close()
     report: JobReport | GroupReport
     if len(parts) == 1:
         report = build_report(*parts[0], settings)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
@@ -246,9 +247,8 @@ def deliver_until_done(
 ) -> Delivery | None:
     """The detached deliverer: a pass now; if the store is away, become the spool's one
     retrier (or leave it to the one there is) and try again with growing waits."""
-    max_bytes = config.spool_max_mb * 1e6
-    mirror = admin_comments(config) if config.admin_comment else None
-    result = _attempt(spool, open_store, log, max_bytes=max_bytes, mirror=mirror)
+    options = attempt_options(config)
+    result = _attempt(spool, open_store, log, **options)
     if result is not None or not waiting(spool):
         return result
     try:
@@ -261,7 +261,7 @@ def deliver_until_done(
                     return None
                 sleep(wait)
                 wait = min(wait * 2, config.retry_max_s)
-                result = _attempt(spool, open_store, log, quiet=True, max_bytes=max_bytes, mirror=mirror)
+                result = _attempt(spool, open_store, log, quiet=True, **options)
                 if result is not None and result.delivered:
                     log.write(f"the store is back: {result.delivered} summaries delivered")
             return result
@@ -270,6 +270,13 @@ def deliver_until_done(
 
 
 Mirror = Callable[[Store, list[NodeSummary], HookLog], None]
+
+
+def attempt_options(config: Config) -> dict[str, Any]:
+    """What a delivery attempt takes from the config: the spool's bound, and the
+    AdminComment mirror where the site turned it on."""
+    return {"max_bytes": config.spool_max_mb * 1e6,
+            "mirror": admin_comments(config) if config.admin_comment else None}
 
 
 def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
@@ -432,8 +439,7 @@ def main(argv: list[str]) -> int:
             return open_store(config.store_url)
 
         if len(argv) == 2:
-            mirror = admin_comments(config) if config.admin_comment else None
-            _attempt(spool, store, log, max_bytes=config.spool_max_mb * 1e6, mirror=mirror)
+            _attempt(spool, store, log, **attempt_options(config))
         else:
             deliver_until_done(spool, store, config, log)
     except Exception as exc:  # detached: its failure goes to the log (stderr is /dev/null)
