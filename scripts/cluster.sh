@@ -50,8 +50,13 @@ HOST=$(uname -n)
 HOST=${HOST%%.*}                    # what `hostname -s` prints, without needing it
 export SLURM_CONF=$ETC/slurm.conf   # slurmdbd finds slurmdbd.conf beside it
 
-# user:account pairs that get a Slurm association (root's comes with the cluster)
-ASSOCIATIONS=(alice:physics bob:chem)
+# user:account pairs that get a Slurm association (root's comes with the cluster).
+# carol coordinates physics (alice's account); dave is in the admin group, which reads
+# the store (docs/security.md). Jobs are private (PrivateData=jobs), as on many sites.
+ASSOCIATIONS=(alice:physics bob:chem carol:physics dave:chem)
+COORDINATORS=(carol:physics)
+ADMIN_GROUP=gpueffadm
+ADMINS=(dave)
 DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
 
 say() { printf 'cluster: %s\n' "$*"; }
@@ -144,6 +149,10 @@ ensure_users() {
   for pair in "${ASSOCIATIONS[@]}"; do
     user=${pair%%:*}
     id "$user" >/dev/null 2>&1 || useradd -m "$user"
+  done
+  getent group "$ADMIN_GROUP" >/dev/null || groupadd "$ADMIN_GROUP"
+  for user in "${ADMINS[@]}"; do
+    id -nG "$user" | grep -qw "$ADMIN_GROUP" || usermod -a -G "$ADMIN_GROUP" "$user"
   done
 }
 
@@ -242,6 +251,8 @@ Epilog=$ETC/epilog
 PrologEpilogTimeout=30
 KillWait=5
 MinJobAge=10
+# As many sites: users see their own jobs only (and coordinators their accounts').
+PrivateData=jobs
 InactiveLimit=0
 # A node that was down (e.g. its slurmd was killed) returns when it registers.
 ReturnToService=2
@@ -288,6 +299,7 @@ StoragePort=$MYSQL_PORT
 StorageUser=slurm
 StoragePass=$DB_PASS
 StorageLoc=slurm_acct_db
+PrivateData=jobs
 EOF
 }
 
@@ -309,8 +321,9 @@ EOF
 }
 
 # The [store] keys for $STORE: the SQLite file, or the private PostgreSQL server's URLs
-# (writers: role gpueff over TCP, its password in root's $PG_DIR/pgpass; readers, any
-# user running gpueff: role gpueff_read on the Unix socket).
+# (writers: role gpueff over TCP, its password in root's $PG_DIR/pgpass; admins' reads:
+# role gpueff_read on the Unix socket, its password readable by the admin group). Users
+# read their figures through sacct (the AdminComment), never the store.
 store_settings() {
   local url read_url
   if [ "$STORE" = postgresql ]; then
@@ -342,6 +355,7 @@ retry_s = 2
 retry_max_s = 5
 [store]
 $store
+admin_group = $ADMIN_GROUP
 [log]
 file = $LOG/gpueff-%n.log
 EOF
@@ -427,7 +441,7 @@ write_configs() {
 # The private PostgreSQL server (idempotent: a running one is left alone).
 ensure_pg() {
   local out
-  out=$(bash "$PG_SH" start "$PG_DIR" "$PG_PORT" 2>&1) || { echo "$out" >&2; die "PostgreSQL did not start under $PG_DIR"; }
+  out=$(GPUEFF_PG_READ_GROUP=$ADMIN_GROUP bash "$PG_SH" start "$PG_DIR" "$PG_PORT" 2>&1) || { echo "$out" >&2; die "PostgreSQL did not start under $PG_DIR"; }
   say "postgres: ${out#pg: }"
 }
 
@@ -530,14 +544,21 @@ setup_accounts() {
   have=$(sacctmgr_or_die -n -P show assoc cluster="$CLUSTER" format=user,account)
   for pair in "${ASSOCIATIONS[@]}"; do
     user=${pair%%:*} account=${pair#*:}
-    grep -qx "|$account" <<<"$have" ||
+    grep -qx "|$account" <<<"$have" || {
       sacctmgr_or_die -i add account "$account" cluster="$CLUSTER" >/dev/null
+      have+=$'\n'"|$account"  # two users of one account: added once
+    }
     grep -qx "$user|$account" <<<"$have" ||
       sacctmgr_or_die -i add user "$user" account="$account" cluster="$CLUSTER" >/dev/null
   done
   # `add cluster` gives root the account `root`; a leftover database may not.
   grep -q '^root|' <<<"$have" ||
     sacctmgr_or_die -i add user root account=root cluster="$CLUSTER" >/dev/null
+  for pair in "${COORDINATORS[@]}"; do
+    user=${pair%%:*} account=${pair#*:}
+    sacctmgr_or_die -n -P show account "$account" withcoord format=coordinators | grep -qw "$user" ||
+      sacctmgr_or_die -i add coordinator account="$account" names="$user" >/dev/null
+  done
 }
 
 start_slurmctld() { rm -f "$RUN/slurmctld.pid" && slurmctld -f "$SLURM_CONF"; }

@@ -7,7 +7,8 @@
 #   pg.sh status DIR       "running (port N)" (exit 0) or "stopped" (exit 3)
 #   pg.sh destroy DIR      stop it and remove DIR
 #   pg.sh url DIR          the writers' URL (role gpueff, password in DIR/pgpass, TCP)
-#   pg.sh read-url DIR     the readers' URL (role gpueff_read, the Unix socket)
+#   pg.sh read-url DIR     the admins' read-only URL (role gpueff_read, the Unix socket,
+#                          its password in DIR/read-pgpass: root and $GPUEFF_PG_READ_GROUP)
 #
 # Layout: DIR (root, 0755) holds port, pgpass (root, 0600), server.log, socket/
 # (postgres, 0755: unix_socket_directories) and data/ (postgres, 0700). The server runs
@@ -16,8 +17,10 @@
 # /var/run/postgresql, no pg_ctlcluster): everything is under DIR.
 #
 # Database gpueff, owned by role gpueff (LOGIN, random password, scram-sha-256): the
-# store engine's migrations create the tables as gpueff. Role gpueff_read (LOGIN, no
-# password) may connect and SELECT every table gpueff creates (default privileges).
+# store engine's migrations create the tables as gpueff. Role gpueff_read (LOGIN, random
+# password, scram-sha-256) may connect and SELECT every table gpueff creates (default
+# privileges): admins' reads. Users never read the store (docs/security.md): its password
+# is in DIR/read-pgpass, 0640 root:$GPUEFF_PG_READ_GROUP (root when unset).
 set -euo pipefail
 
 # runuser and the like live in sbin, which a non-login root shell may not have on PATH.
@@ -58,6 +61,7 @@ set_dir() {
   SOCKET=$DIR/socket
   LOGFILE=$DIR/server.log
   PGPASS=$DIR/pgpass
+  READPASS=$DIR/read-pgpass
   PORTFILE=$DIR/port
   MARKER=$DIR/$MARKER_NAME
 }
@@ -134,9 +138,8 @@ local   all       postgres                    peer
 # the writers (the hooks' deliverers, root: the password is in $PGPASS, root's alone)
 local   gpueff    gpueff                      scram-sha-256
 host    gpueff    gpueff       127.0.0.1/32   scram-sha-256
-# The readers (gpueff run by any user): an INTERIM read path until the privacy issue
-# replaces it. Any local user who reaches the socket reads every job's figures.
-local   gpueff    gpueff_read                 trust
+# the admins' reads (its password in $READPASS: root and the admin group only)
+local   gpueff    gpueff_read                 scram-sha-256
 EOF
   chown postgres:postgres "$DATA/gpueff.conf" "$DATA/pg_hba.conf"
   chmod 0600 "$DATA/gpueff.conf" "$DATA/pg_hba.conf"
@@ -151,18 +154,23 @@ psql_postgres() {
 # Roles, database and grants; idempotent, so they run at every start. The password
 # goes on stdin (never on a command line, where ps shows it).
 setup_roles() {
-  local password port
+  local password read_password port
   port=$(port_of)
   if [ -s "$PGPASS" ]; then
     password=$(head -n 1 "$PGPASS" | cut -d: -f5)
   else
     password=$(random_password)
   fi
+  if [ -s "$READPASS" ]; then
+    read_password=$(head -n 1 "$READPASS" | cut -d: -f5)
+  else
+    read_password=$(random_password)
+  fi
   psql_postgres postgres >>"$LOGFILE" 2>&1 <<EOF || die_with_log "could not create the roles and the database"
 SELECT 'CREATE ROLE gpueff' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gpueff') \gexec
 SELECT 'CREATE ROLE gpueff_read' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gpueff_read') \gexec
 ALTER ROLE gpueff WITH LOGIN PASSWORD '$password';
-ALTER ROLE gpueff_read WITH LOGIN PASSWORD NULL;
+ALTER ROLE gpueff_read WITH LOGIN PASSWORD '$read_password';
 SELECT 'CREATE DATABASE gpueff OWNER gpueff' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'gpueff') \gexec
 REVOKE ALL ON DATABASE gpueff FROM PUBLIC;
 GRANT CONNECT ON DATABASE gpueff TO gpueff_read;
@@ -178,6 +186,10 @@ EOF
   printf '127.0.0.1:%s:gpueff:gpueff:%s\n%s:%s:gpueff:gpueff:%s\n' \
     "$port" "$password" "$SOCKET" "$port" "$password" >"$tmp"
   mv -f "$tmp" "$PGPASS"
+  tmp=$(mktemp "$READPASS.XXXXXX")
+  chgrp "${GPUEFF_PG_READ_GROUP:-root}" "$tmp" && chmod 0640 "$tmp"
+  printf '%s:%s:gpueff:gpueff_read:%s\n' "$SOCKET" "$port" "$read_password" >"$tmp"
+  mv -f "$tmp" "$READPASS"
 }
 
 accepting() { "$BIN/pg_isready" -q -h "$SOCKET" -p "$(port_of)" -d postgres -U postgres; }
@@ -266,7 +278,7 @@ main() {
   status) cmd_status ;;
   destroy) cmd_destroy ;;
   url) echo "postgresql://gpueff@127.0.0.1:$(port_of)/gpueff?passfile=$PGPASS" ;;
-  read-url) echo "postgresql://gpueff_read@/gpueff?host=$SOCKET&port=$(port_of)" ;;
+  read-url) echo "postgresql://gpueff_read@/gpueff?host=$SOCKET&port=$(port_of)&passfile=$READPASS" ;;
   *) usage ;;
   esac
 }

@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from typing import Any
 
 from .config import load_config
-from .errors import GpuEffError
+from .errors import GpuEffError, NotPermitted
 
 INTERNAL_ERROR = 70
 
@@ -56,29 +57,37 @@ def cmd_report(args: argparse.Namespace) -> str:
     from .slurm import SacctQuery
 
     config = load_config(args.config)
-    # sacct first: slurmdbd answers while the rest of gpueff loads and the store opens.
-    query = SacctQuery(args.job_id, config.sacct)
+    # sacct first: slurmdbd answers while the rest of gpueff loads.
+    query = SacctQuery(args.job_id, config.sacct, config.scontrol)
+    from .report.figures import from_store_alone, gather
     from .report.hints import HintSettings
     from .report.job import GroupReport, JobReport, build_group, build_report
     from .report.render import render_json, render_text
-    from .store import open_store
 
     settings = HintSettings.from_config(config.hints)
+    read_store = partial(_read_store, config.store_read_url)
     try:
-        store = open_store(config.store_read_url, readonly=True)
-    except GpuEffError:
-        query.jobs()  # sacct's verdict first: an unknown job is that, whatever the store
-        raise
-    try:
-        parts = [(job, store.node_summaries(job.job_id_raw, job.cluster)) for job in query.jobs()]
-    finally:
-        store.close()
+        found = gather(query.jobs(), read_store)
+    except NotPermitted:
+        alone = from_store_alone(query.job_id, read_store)  # the admin group reads the store
+        if alone is None:
+            raise
+        found = [alone]
     report: JobReport | GroupReport
-    if len(parts) == 1:
-        report = build_report(*parts[0], settings)
+    if len(found) == 1:
+        f = found[0]
+        report = build_report(f.job, f.summaries, settings, f.unavailable)
+        report.source, report.notes = f.source, f.notes + report.notes
     else:
+        parts = [(f.job, f.summaries, f.unavailable) for f in found]
         report = build_group(args.job_id, parts, settings)
     return render_json(report) if args.json else render_text(report)
+
+
+def _read_store(url: str) -> Any:
+    from .store import open_store
+
+    return open_store(url, readonly=True)
 
 
 def cmd_spool(args: argparse.Namespace) -> str:
@@ -91,7 +100,7 @@ def cmd_spool(args: argparse.Namespace) -> str:
     if getattr(args, "action", "flush") == "status":
         return _status_text(spool_status(spool), spool.outbox)
     try:
-        result = flush(spool, lambda: open_store(config.store_url))
+        result = flush(spool, lambda: open_store(config.store_url, admin_group=config.store_admin_group))
     except Busy as exc:
         raise GpuEffError(f"{exc}: it delivers what waits; see 'gpueff spool status'") from exc
     except OSError as exc:  # not root, or no spool for this node here

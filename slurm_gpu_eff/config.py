@@ -57,6 +57,8 @@ class Config:
         # Where `gpueff` reads when it is not the writers' URL (a read-only role); empty:
         # store_url.
         store_read_url: str = "",
+        # Who may read the SQLite file besides root (0640 root:this group); "": root only.
+        store_admin_group: str = "",
         log_file: str = "/var/log/slurm-gpu-eff/%n.log",
         hook_timeout_s: float = 10.0,  # hard bound for a prolog or epilog
         stop_wait_s: float = 3.0,  # how long the epilog waits for the sampler to flush
@@ -64,9 +66,9 @@ class Config:
         sacct: str = "sacct",
         slurmd: str = "slurmd",  # `slurmd -G` maps Slurm's GPU indexes to device files
         squeue: str = "squeue",  # a sampler whose epilog never came asks whether its job ended
-        # Mirror a compact line of each job's GPU figures into its AdminComment in Slurm's
-        # accounting (mirror.py), for sites whose tools read it; sacctmgr writes it.
-        admin_comment: bool = False,
+        # Each job's GPU figures in its AdminComment in Slurm's accounting (mirror.py):
+        # how users read them, under Slurm's own rules (docs/security.md).
+        admin_comment: bool = True,
         scontrol: str = "scontrol",
         sacctmgr: str = "sacctmgr",
         hints: dict[str, str] | None = None,
@@ -88,6 +90,7 @@ class Config:
         self.store_path = store_path
         self.store_url = store_url or f"sqlite://{store_path}"
         self.store_read_url = store_read_url or self.store_url
+        self.store_admin_group = store_admin_group
         self.log_file = log_file
         self.hook_timeout_s = hook_timeout_s
         self.stop_wait_s = stop_wait_s
@@ -136,6 +139,7 @@ _KEYS = [
     ("store", "path", "store_path", str),
     ("store", "url", "store_url", str),
     ("store", "read_url", "store_read_url", str),
+    ("store", "admin_group", "store_admin_group", str),
     ("log", "file", "log_file", str),
     ("slurm", "sacct", "sacct", str),
     ("slurm", "slurmd", "slurmd", str),

@@ -30,6 +30,12 @@ class NoSummary(GpuEffError):
     exit_code = 5
 
 
+class NotPermitted(GpuEffError):
+    """Slurm does not let the caller see this job (PrivateData=jobs)."""
+
+    exit_code = 10
+
+
 class SlurmError(GpuEffError):
     exit_code = 6
 

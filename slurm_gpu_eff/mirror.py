@@ -1,26 +1,120 @@
-"""An optional copy of a job's GPU figures in Slurm's own accounting: the AdminComment.
+"""A job's GPU figures in Slurm's own accounting, its AdminComment: the users' read path.
 
-For sites whose tools already read AdminComment (off by default: `[slurm] admin_comment`).
-One line of `key=value` words, lowercase letters, digits and punctuation only, because
-Slurm 22.05's sacctmgr lowercases what it stores; no user-chosen text (job names) at all:
+Users read their jobs' figures through `sacct`, so Slurm's own rules say who may see
+them (PrivateData, account coordinators, operators): nothing of ours decides, so nothing
+of ours can get it wrong (docs/security.md). Only root and SlurmUser can write an
+AdminComment, so no user can forge figures there.
+
+The text is one line: readable words for people and for sites' own tools, then the
+figures `gpueff JOBID` builds its report from, compressed and base32-encoded (Slurm
+22.05's sacctmgr lowercases what it stores; base32 decodes either case):
 
     gpueff1 status=complete nodes=2 gpus=4 util=41.3 gpu_util=90.1,75.0,0.2,0.0 idle=2
-            mem_peak=62.5 energy_kwh=1.234
+            mem_peak=62.5 energy_kwh=1.234 alloc_gpus=4 figures=EJZW...
 
 util is the job's utilisation weighted by each GPU's sampled time; gpu_util each GPU's
 (node order, then minor); idle the GPUs under IDLE_UTIL; mem_peak the highest peak memory
-in % of its device; '-' where not measured. The store keeps the full figures.
+in % of its device; alloc_gpus what Slurm allocated; '-' where not measured. A site's own
+text before the line is kept. The figures are `digest()` of the node summaries: the
+report reads that same digest from the store, so users and admins see the same report.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import copy
+import json
+import zlib
+from typing import Any
+
+from .errors import GpuEffError
 from .model import COMPLETE, IDLE_UTIL, MISSING, GpuSummary, NodeSummary
 
 PREFIX = "gpueff1"
+# slurmdbd keeps AdminComment in a MariaDB `text` (65,535 bytes): leave room for a site's
+# own words. A larger job's figures lose their timelines first, then stay in the store.
+MAX_CHARS = 60_000
+TIMELINE_POINTS = 120  # the digest's timeline: enough for the hints that read its shape
+STATS = ("mean", "max")  # what the report reads of each metric
 
 
-def admin_comment(summaries: list[NodeSummary]) -> str:
+class MirrorError(GpuEffError):
+    """An AdminComment that says it holds our figures but cannot be read back."""
+
+
+def digest(summaries: list[NodeSummary]) -> list[NodeSummary]:
+    """What the report needs of each node summary, small enough for an AdminComment:
+    each metric's mean and max, the timeline in at most TIMELINE_POINTS buckets."""
+    out = []
+    for summary in summaries:
+        small = copy.deepcopy(summary)
+        for g in small.gpus:
+            g.metrics = {name: {k: v for k, v in stats.items() if k in STATS}
+                         for name, stats in g.metrics.items()}
+            g.timeline = _coarser(g.timeline, TIMELINE_POINTS)
+            g.errors, g.xid_events = g.errors[:10], g.xid_events[:10]
+        out.append(small)
+    return out
+
+
+def admin_comment(summaries: list[NodeSummary], alloc_gpus: int | None = None,
+                  max_chars: int = MAX_CHARS) -> str:
     """The line for one run of a job, from its node summaries."""
+    words = _words(summaries, alloc_gpus)
+    small = digest(summaries)
+    for keep_timeline in (True, False):
+        if not keep_timeline:
+            for s in small:
+                for g in s.gpus:
+                    g.timeline = None
+        line = f"{words} figures={_encode([s.to_dict() for s in small])}"
+        if len(line) <= max_chars:
+            return line
+    return words  # too many GPUs for the AdminComment: the store keeps them
+
+
+def parse_admin_comment(text: str) -> dict[str, str] | None:
+    """The words of our line in an AdminComment (as Slurm gives it back: either case, after
+    a site's own text), or None when it holds none."""
+    ours = _ours(text)
+    if ours is None:
+        return None
+    return dict(w.split("=", 1) for w in ours.lower().split()[1:] if "=" in w)
+
+
+def figures(text: str) -> list[NodeSummary] | None:
+    """The node summaries (as digest() made them) in an AdminComment; None when it holds
+    none (no line of ours, or a job too large for them); MirrorError when unreadable."""
+    words = parse_admin_comment(text)
+    if words is None or "figures" not in words:
+        return None
+    encoded = words["figures"].upper()
+    try:
+        raw = zlib.decompress(base64.b32decode(encoded + "=" * (-len(encoded) % 8)))
+        return [NodeSummary.from_dict(d) for d in json.loads(raw)]
+    except (binascii.Error, zlib.error, ValueError, TypeError, AttributeError, GpuEffError) as exc:
+        raise MirrorError(f"the GPU figures in the job's AdminComment are unreadable ({exc})") from exc
+
+
+def with_site_text(current: str, line: str) -> str:
+    """The AdminComment to write: a site's own text kept, our old line replaced."""
+    site = current[:_start(current)].rstrip() if _ours(current) is not None else current.strip()
+    return f"{site} {line}" if site else line
+
+
+def _start(text: str) -> int:
+    lowered = f" {text.lower()}"
+    at = lowered.find(f" {PREFIX} ")
+    return -1 if at < 0 else at
+
+
+def _ours(text: str) -> str | None:
+    at = _start(text)
+    return None if at < 0 else text[at:].strip()
+
+
+def _words(summaries: list[NodeSummary], alloc_gpus: int | None) -> str:
     gpus = [g for s in sorted(summaries, key=lambda s: s.node)
             for g in sorted(s.gpus, key=lambda g: (g.minor or 0, g.mig_gi_id or 0))]
     utils = [_own(g, "util", "own_util") for g in gpus]
@@ -37,17 +131,37 @@ def admin_comment(summaries: list[NodeSummary]) -> str:
         "idle": str(sum(1 for u in utils if u is not None and u < IDLE_UTIL)),
         "mem_peak": _num(max(peaks) if peaks else None),
         "energy_kwh": _num(sum(energy) / 3.6e6 if energy else None, 3),
+        "alloc_gpus": "-" if alloc_gpus is None else str(alloc_gpus),
     }
     return " ".join([PREFIX, *(f"{k}={v}" for k, v in words.items())])
 
 
-def parse_admin_comment(text: str) -> dict[str, str] | None:
-    """The words of a line admin_comment wrote (as Slurm gives it back), or None when the
-    AdminComment is something else."""
-    words = text.strip().lower().split()
-    if not words or words[0] != PREFIX:
-        return None
-    return dict(w.split("=", 1) for w in words[1:] if "=" in w)
+def _encode(data: Any) -> str:
+    raw = json.dumps(data, separators=(",", ":")).encode()
+    return base64.b32encode(zlib.compress(raw, 9)).decode().rstrip("=")
+
+
+def _coarser(timeline: dict[str, Any] | None, most: int) -> dict[str, Any] | None:
+    """Neighbouring buckets merged until at most `most` are left: means of the mean
+    fields, the highest memory."""
+    if not isinstance(timeline, dict) or len(timeline.get("points") or []) <= most:
+        return timeline
+    points, fields = timeline["points"], list(timeline.get("fields") or [])
+    step = -(-len(points) // most)
+    merged = []
+    for i in range(0, len(points), step):
+        group = points[i:i + step]
+        row: list[float | None] = []
+        for slot, name in enumerate(fields):
+            values = [p[slot] for p in group if slot < len(p) and p[slot] is not None]
+            if not values:
+                row.append(None)
+            elif name.startswith("mem"):
+                row.append(max(values))
+            else:
+                row.append(round(sum(values) / len(values), 1))
+        merged.append(row)
+    return {**timeline, "bucket_s": float(timeline.get("bucket_s") or 0.0) * step, "points": merged}
 
 
 def _own(g: GpuSummary, metric: str, own: str, stat: str = "mean") -> float | None:

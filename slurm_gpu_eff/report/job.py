@@ -16,13 +16,14 @@ from .shapes import GpuLine, GroupReport, JobReport, clock
 
 
 def build_group(
-    job_id: str, jobs: list[tuple[SlurmJob, list[NodeSummary]]], settings: HintSettings | None = None,
+    job_id: str, jobs: list[tuple[SlurmJob, list[NodeSummary], str]], settings: HintSettings | None = None,
 ) -> GroupReport:
-    kind = "heterogeneous" if any("+" in job.job_id for job, _ in jobs) else "array"
+    """The parts of an array or heterogeneous job: (job, summaries, why none) each."""
+    kind = "heterogeneous" if any("+" in job.job_id for job, _, _ in jobs) else "array"
     reports, unreported = [], []
-    for job, summaries in jobs:
+    for job, summaries, unavailable in jobs:
         try:
-            reports.append(build_report(job, summaries, settings))
+            reports.append(build_report(job, summaries, settings, unavailable))
         except (NoGpus, NoSummary) as exc:
             unreported.append((job.job_id, str(exc)))
     if not reports:
@@ -70,9 +71,10 @@ def _runs(summaries: list[NodeSummary]) -> str:
 
 def build_report(
     job: SlurmJob, summaries: list[NodeSummary], settings: HintSettings | None = None,
+    unavailable: str = "",
 ) -> JobReport:
     """Join accounting and summaries, then judge them (hints, verdict); raises NoGpus /
-    NoSummary when there is nothing to show."""
+    NoSummary when there is nothing to show (`unavailable`: why, when the caller knows)."""
     summaries, earlier = this_run(job, summaries)
     if not summaries:
         if earlier:
@@ -82,6 +84,8 @@ def build_report(
             raise NoGpus(f"job {job.job_id} has no GPUs: nothing to report here (seff covers CPU jobs)")
         if job.state == "PENDING":
             raise NoSummary(f"job {job.job_id} has not started yet")
+        if unavailable:
+            raise NoSummary(unavailable)
         raise NoSummary(
             f"no GPU figures stored for job {job.job_id}: its sampler did not run, or its "
             "summary has not been delivered yet (see the gpueff log on its nodes)"

@@ -119,6 +119,7 @@ class JobReport:
     verdict: str = ""
     # node -> {"status", "evidence"}: whether the GPUs measured were the job's own
     binding: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: str = ""  # where the figures came from: "accounting" (AdminComment) or "store"
 
     @property
     def binding_status(self) -> str:
@@ -172,7 +173,7 @@ class JobReport:
             "gpu_hours_used": self.gpu_hours_used, "gpu_util_mean": self.gpu_util_mean,
             "gpu_energy_j": self.energy_j, "idle_gpus": len(self.idle_gpus),
             "sampled_until": self.sampled_until, "missing_nodes": self.missing_nodes,
-            "notes": self.notes, "verdict": self.verdict,
+            "notes": self.notes, "verdict": self.verdict, "source": self.source,
             "binding": {"status": self.binding_status, "nodes": self.binding},
             "hints": [h.to_dict() for h in self.hints],
             "hardware_faults": [f"{g.node} GPU {g.minor}: {f}" for g in self.gpus

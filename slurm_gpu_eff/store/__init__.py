@@ -14,7 +14,9 @@ from .base import Store, shown_url
 __all__ = ["Store", "open_store"]
 
 
-def open_store(url: str, readonly: bool = False) -> Store:
+def open_store(url: str, readonly: bool = False, admin_group: str = "") -> Store:
+    """The store a URL names; a SQLite file a writer opens is made root's and admin_group's
+    alone (a PostgreSQL server keeps its own rules: its roles)."""
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStore
 
@@ -22,6 +24,6 @@ def open_store(url: str, readonly: bool = False) -> Store:
     if url.startswith("sqlite://"):
         from .sqlite import SqliteStore
 
-        return SqliteStore(url.removeprefix("sqlite://"), readonly=readonly)
+        return SqliteStore(url.removeprefix("sqlite://"), readonly=readonly, admin_group=admin_group)
     raise StoreError(f"unknown store URL {shown_url(url)!r}: use sqlite:///PATH or postgresql://...")
 

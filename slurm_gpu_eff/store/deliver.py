@@ -343,23 +343,27 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep) 
     from all its node summaries the store has (the last node to deliver writes them all).
     Runs in the detached deliverer: a slow slurmctld or slurmdbd costs no job anything; a
     failure is logged, and the store keeps the figures."""
-    from ..mirror import admin_comment
-    from ..slurm import get_admin_comment, set_admin_comment
+    from ..mirror import admin_comment, with_site_text
+    from ..slurm import allocated_gpus, get_admin_comment, set_admin_comment
 
     commands = {name: find_command(getattr(config, name)) for name in ("scontrol", "sacctmgr", "sacct")}
+
+    def write(job_id: str, cluster: str, text: str) -> str:
+        return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"])
 
     def mirror(store: Store, finals: list[NodeSummary], log: HookLog) -> None:
         for cluster, job_id, run in sorted({(s.cluster, s.job_id, run_of(s)) for s in finals}):
             try:
                 summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
-                text = admin_comment(summaries)
-                if set_admin_comment(job_id, cluster, text, commands["scontrol"],
-                                     commands["sacctmgr"]) == "slurmdbd":
+                current, tres = get_admin_comment(job_id, commands["sacct"])
+                line = admin_comment(summaries, allocated_gpus(tres) if tres else None)
+                text = with_site_text(current, line)
+                if write(job_id, cluster, text) == "slurmdbd":
                     # The job's end record may still be on its way to slurmdbd, carrying
                     # slurmctld's older copy over ours: look again, and write once more.
                     sleep(MIRROR_RECHECK_S)
-                    if get_admin_comment(job_id, commands["sacct"]).lower() != text:
-                        set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"])
+                    if get_admin_comment(job_id, commands["sacct"])[0].lower() != text.lower():
+                        write(job_id, cluster, text)
             except GpuEffError as exc:
                 log.write(f"job {job_id}: its AdminComment was not written: {exc}")
 
@@ -436,7 +440,7 @@ def main(argv: list[str]) -> int:
         log = HookLog(config.log_for(os.environ.get("SLURMD_NODENAME", "")), "-", "deliver")
 
         def store() -> Store:  # opened inside the lock, at each attempt
-            return open_store(config.store_url)
+            return open_store(config.store_url, admin_group=config.store_admin_group)
 
         if len(argv) == 2:
             _attempt(spool, store, log, **attempt_options(config))

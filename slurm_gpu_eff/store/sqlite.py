@@ -8,6 +8,7 @@ only: a reader needs nothing beyond the standard library's sqlite3.
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import os
 import sqlite3
@@ -22,7 +23,7 @@ from .base import MIGRATION_SET, NODE_KEY, SCHEMA, Store, gpu_rows, newer, node_
 
 
 class SqliteStore(Store):
-    def __init__(self, path: str, readonly: bool = False) -> None:
+    def __init__(self, path: str, readonly: bool = False, admin_group: str = "") -> None:
         self.path, self.readonly, self.where = path, readonly, path
         try:
             if readonly:
@@ -31,6 +32,7 @@ class SqliteStore(Store):
                 conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
             else:
                 os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+                keep_private(path, admin_group)
                 conn = sqlite3.connect(path, timeout=30)
             self.conn = conn
             self._check_not_newer()
@@ -137,6 +139,31 @@ class SqliteStore(Store):
 
     def close(self) -> None:
         self.conn.close()
+
+
+def keep_private(path: str, admin_group: str = "") -> None:
+    """The store file is root's and admin_group's alone (0640; 0600 without a group):
+    users read their figures through Slurm (mirror.py), and a user who could open the file
+    could hold a read lock that stalls every writer. Made so before SQLite first opens it
+    (no moment with the umask's mode), and put right if an older version left it readable.
+    SQLite gives its journal the file's mode and owner."""
+    try:
+        gid = grp.getgrnam(admin_group).gr_gid if admin_group else None
+    except KeyError as exc:
+        raise StoreError(f"[store] admin_group {admin_group!r} is not a group on this host") from exc
+    mode = 0o640 if gid is not None else 0o600
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+        try:
+            st = os.fstat(fd)
+            if gid is not None and st.st_gid != gid and os.geteuid() == 0:
+                os.fchown(fd, -1, gid)
+            if st.st_mode & 0o777 != mode:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StoreError(f"cannot open store {path}: {exc.strerror or exc}") from exc
 
 
 WRITE_WAIT_S = 60.0  # a writer's longest wait in the queue; the holder's own wait on
