@@ -358,6 +358,8 @@ $store
 admin_group = $ADMIN_GROUP
 [log]
 file = $LOG/gpueff-%n.log
+[slurm]
+live_mirror_s = 5
 EOF
 }
 

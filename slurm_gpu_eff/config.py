@@ -69,6 +69,8 @@ class Config:
         # Each job's GPU figures in its AdminComment in Slurm's accounting (mirror.py):
         # how users read them, under Slurm's own rules (docs/security.md).
         admin_comment: bool = True,
+        # How often a running job's figures are mirrored there (0: only at its end).
+        live_mirror_s: float = 300.0,
         scontrol: str = "scontrol",
         sacctmgr: str = "sacctmgr",
         hints: dict[str, str] | None = None,
@@ -99,6 +101,7 @@ class Config:
         self.slurmd = slurmd
         self.squeue = squeue
         self.admin_comment = admin_comment
+        self.live_mirror_s = live_mirror_s
         self.scontrol = scontrol
         self.sacctmgr = sacctmgr
         # [hints] as written: the hints module knows its rules and checks these itself.
@@ -145,6 +148,7 @@ _KEYS = [
     ("slurm", "slurmd", "slurmd", str),
     ("slurm", "squeue", "squeue", str),
     ("slurm", "admin_comment", "admin_comment", bool),
+    ("slurm", "live_mirror_s", "live_mirror_s", float),
     ("slurm", "scontrol", "scontrol", str),
     ("slurm", "sacctmgr", "sacctmgr", str),
 ]

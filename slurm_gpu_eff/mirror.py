@@ -29,7 +29,7 @@ import zlib
 from typing import Any
 
 from .errors import GpuEffError
-from .model import COMPLETE, IDLE_UTIL, MISSING, GpuSummary, NodeSummary
+from .model import COMPLETE, IDLE_UTIL, MISSING, RUNNING, GpuSummary, NodeSummary
 
 PREFIX = "gpueff1"
 # slurmdbd keeps AdminComment in a MariaDB `text` (65,535 bytes): leave room for a site's
@@ -173,6 +173,8 @@ def _own(g: GpuSummary, metric: str, own: str, stat: str = "mean") -> float | No
 
 def _status(summaries: list[NodeSummary]) -> str:
     statuses = {s.status for s in summaries}
+    if RUNNING in statuses:
+        return RUNNING
     return COMPLETE if statuses == {COMPLETE} else MISSING if statuses == {MISSING} else "partial"
 
 

@@ -180,21 +180,26 @@ def mirrored_gpus(admin_comment: str) -> int | None:
 
 
 def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "scontrol",
-                      sacctmgr: str = "sacctmgr") -> str:
+                      sacctmgr: str = "sacctmgr", running: bool = False) -> str:
     """Write `text` into the job's AdminComment (root or SlurmUser only); returns where.
 
     Checked on Slurm 22.05: while slurmctld still holds the job (running, or completing on
     other nodes) its copy is what the job's end record carries into the database, over
     anything written there meanwhile, so it is written through slurmctld (`scontrol
     update`); once slurmctld says the job has finished, into the database (`sacctmgr`,
-    which lowercases it: callers write what survives that)."""
+    which lowercases it: callers write what survives that).
+
+    A running job's live figures go into the database directly (`running`): slurmctld's
+    copy reaches sacct only at the job's end, and a database value survives the end
+    record when slurmctld holds none (checked on 22.05)."""
     job_id = check_job_id(job_id)
-    held = _run_slurm([scontrol, "update", f"jobid={job_id}", f"AdminComment={text}"], 30)
-    if held.returncode == 0:
-        return "slurmctld"
-    said = _said(held)
-    if "finished" not in said and "Invalid job id" not in said:
-        raise SlurmError(f"scontrol could not set job {job_id}'s AdminComment: {said}")
+    if not running:
+        held = _run_slurm([scontrol, "update", f"jobid={job_id}", f"AdminComment={text}"], 30)
+        if held.returncode == 0:
+            return "slurmctld"
+        said = _said(held)
+        if "finished" not in said and "Invalid job id" not in said:
+            raise SlurmError(f"scontrol could not set job {job_id}'s AdminComment: {said}")
     command = [sacctmgr, "-i", "modify", "job", "where", f"jobid={job_id}"]
     command += [f"cluster={cluster}"] if cluster else []
     stored = _run_slurm([*command, "set", f"AdminComment={text}"], 30)

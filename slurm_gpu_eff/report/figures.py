@@ -25,20 +25,22 @@ class Figures:
 
 def gather(jobs: list[SlurmJob], read_store: Callable[[], Store]) -> list[Figures]:
     """Each job's figures: from its AdminComment when the job has ended and the line holds
-    them, from the store otherwise (opened once, only if needed)."""
+    them; from the store otherwise, or for a running job the store's fresher live copy,
+    where the caller may read it (the store is opened once, only if needed)."""
     found = [_from_accounting(job) for job in jobs]
-    wanted = [f for f in found if f.source != "accounting"]
+    wanted = [f for f in found if f.source != "accounting" or f.job.running]
     if not wanted:
         return found
     try:
         with read_store() as store:
             for f in wanted:
                 summaries = store.node_summaries(f.job.job_id_raw, f.job.cluster)
-                if summaries or not f.unavailable:
+                if summaries or not (f.unavailable or f.summaries):
                     f.summaries, f.source, f.unavailable = digest(summaries), "store", ""
     except StoreError as exc:
         for f in wanted:
-            f.unavailable = f.unavailable or _not_there(f.job, exc)
+            if not f.summaries:
+                f.unavailable = f.unavailable or _not_there(f.job, exc)
     return found
 
 
@@ -47,7 +49,7 @@ def _from_accounting(job: SlurmJob) -> Figures:
         summaries = figures(job.admin_comment)
     except MirrorError as exc:
         return Figures(job, unavailable=f"job {job.job_id}: {exc}")
-    if summaries is not None and not job.running:
+    if summaries is not None:
         return Figures(job, summaries, "accounting")
     words = parse_admin_comment(job.admin_comment)
     if words is not None and summaries is None:
@@ -59,8 +61,8 @@ def _from_accounting(job: SlurmJob) -> Figures:
 
 def _not_there(job: SlurmJob, exc: StoreError) -> str:
     if job.running:
-        return (f"job {job.job_id} is still running: its GPU figures reach Slurm's accounting "
-                f"when it ends (a running job's live figures are for admins: {exc})")
+        return (f"job {job.job_id} is running: its GPU figures reach Slurm's accounting a few "
+                f"minutes into it ([slurm] live_mirror_s) and at its end (the store, for admins: {exc})")
     return (f"no GPU figures for job {job.job_id} in Slurm's accounting: its nodes have not "
             "delivered its summary yet (try again in a minute), or its sampler did not run; "
             f"the store, for admins: {exc}")

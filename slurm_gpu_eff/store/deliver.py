@@ -22,6 +22,7 @@ The epilog and the sampler start this module as a detached process and never wai
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
@@ -59,6 +60,7 @@ class Delivery:
     dead: list[str] = field(default_factory=list)  # rejected by the store: outbox/dead/
     swept: list[str] = field(default_factory=list)  # abandoned job directories posted
     finals: list[NodeSummary] = field(default_factory=list)  # final summaries stored
+    lives: list[NodeSummary] = field(default_factory=list)  # live copies stored
 
 
 class Busy(GpuEffError):
@@ -150,8 +152,8 @@ def deliver(spool: Spool, store: Store) -> Delivery:
             continue
         result.delivered += stored
         result.skipped += not stored
-        if stored and summary.final:
-            result.finals.append(summary)
+        if stored:
+            (result.finals if summary.final else result.lives).append(summary)
         os.unlink(path)
     return result
 
@@ -269,7 +271,7 @@ def deliver_until_done(
         return None  # a retrier is at work on this spool already
 
 
-Mirror = Callable[[Store, list[NodeSummary], HookLog], None]
+Mirror = Callable[[Store, "Delivery", Spool, HookLog], None]
 
 
 def attempt_options(config: Config) -> dict[str, Any]:
@@ -297,7 +299,7 @@ def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
                             if not spool.pending():
                                 break
                         if mirror is not None:
-                            mirror(store, now.finals, log)
+                            mirror(store, now, spool, log)
                         _add(total, now)
                 except StoreError:
                     _trim(spool, max_bytes, log)
@@ -336,11 +338,14 @@ def _add(total: Delivery, one: Delivery) -> None:
     total.dead += one.dead
     total.swept += one.swept
     total.finals += one.finals
+    total.lives += one.lives
 
 
-def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep) -> Mirror:
+def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
+                   clock: Callable[[], float] = time.time) -> Mirror:
     """Mirror each run whose final summary was just stored into the job's AdminComment,
-    from all its node summaries the store has (the last node to deliver writes them all).
+    from all its node summaries the store has (the last node to deliver writes them all),
+    and a running job's live figures every live_mirror_s (from its first node only).
     Runs in the detached deliverer: a slow slurmctld or slurmdbd costs no job anything; a
     failure is logged, and the store keeps the figures."""
     from ..mirror import admin_comment, with_site_text
@@ -348,26 +353,75 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep) 
 
     commands = {name: find_command(getattr(config, name)) for name in ("scontrol", "sacctmgr", "sacct")}
 
-    def write(job_id: str, cluster: str, text: str) -> str:
-        return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"])
+    def write(job_id: str, cluster: str, text: str, running: bool = False) -> str:
+        return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"],
+                                 running=running)
 
-    def mirror(store: Store, finals: list[NodeSummary], log: HookLog) -> None:
-        for cluster, job_id, run in sorted({(s.cluster, s.job_id, run_of(s)) for s in finals}):
+    def line(job_id: str, summaries: list[NodeSummary]) -> str:
+        current, tres = get_admin_comment(job_id, commands["sacct"])
+        return with_site_text(current, admin_comment(summaries, allocated_gpus(tres) if tres else None))
+
+    def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> None:
+        summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
+        text = line(job_id, summaries)
+        if write(job_id, cluster, text) == "slurmdbd":
+            # The job's end record may still be on its way to slurmdbd, carrying
+            # slurmctld's older copy over ours: look again, and write once more.
+            sleep(MIRROR_RECHECK_S)
+            if get_admin_comment(job_id, commands["sacct"])[0].lower() != text.lower():
+                write(job_id, cluster, text)
+        _forget(spool, cluster, job_id)
+
+    def live(store: Store, cluster: str, job_id: str, run: float, spool: Spool, node: str) -> None:
+        summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
+        if not summaries or any(s.final for s in summaries) or min(s.node for s in summaries) != node:
+            return  # the job is ending, or another of its nodes mirrors it
+        if not _due(spool, cluster, job_id, config.live_mirror_s, clock()):
+            return
+        write(job_id, cluster, line(job_id, summaries), running=True)
+
+    def mirror(store: Store, now: Delivery, spool: Spool, log: HookLog) -> None:
+        ended = {(s.cluster, s.job_id, run_of(s)) for s in now.finals}
+        for cluster, job_id, run in sorted(ended):
             try:
-                summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
-                current, tres = get_admin_comment(job_id, commands["sacct"])
-                line = admin_comment(summaries, allocated_gpus(tres) if tres else None)
-                text = with_site_text(current, line)
-                if write(job_id, cluster, text) == "slurmdbd":
-                    # The job's end record may still be on its way to slurmdbd, carrying
-                    # slurmctld's older copy over ours: look again, and write once more.
-                    sleep(MIRROR_RECHECK_S)
-                    if get_admin_comment(job_id, commands["sacct"])[0].lower() != text.lower():
-                        write(job_id, cluster, text)
+                final(store, cluster, job_id, run, spool)
             except GpuEffError as exc:
                 log.write(f"job {job_id}: its AdminComment was not written: {exc}")
+        if config.live_mirror_s <= 0:
+            return
+        running = {(s.cluster, s.job_id, run_of(s), s.node) for s in now.lives}
+        for cluster, job_id, run, node in sorted(running):
+            if (cluster, job_id, run) not in ended:
+                try:
+                    live(store, cluster, job_id, run, spool, node)
+                except GpuEffError as exc:
+                    log.write(f"job {job_id}: its live figures were not mirrored: {exc}")
 
     return mirror
+
+
+def _due(spool: Spool, cluster: str, job_id: str, every_s: float, now: float) -> bool:
+    """Whether this job's live figures were last mirrored every_s ago or more; if so, the
+    time is noted now (a file per running job in the spool, removed when it ends)."""
+    path = _mirrored(spool, cluster, job_id)
+    try:
+        if now - os.stat(path).st_mtime < every_s:
+            return False
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "w"):
+        pass
+    os.utime(path, (now, now))
+    return True
+
+
+def _forget(spool: Spool, cluster: str, job_id: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_mirrored(spool, cluster, job_id))
+
+
+def _mirrored(spool: Spool, cluster: str, job_id: str) -> str:
+    return os.path.join(spool.root, "mirrored", f"{cluster}-{job_id}".replace("/", "_"))
 
 
 MIRROR_RECHECK_S = 5.0
