@@ -44,6 +44,7 @@ venv: deps $(VENV)/.installed $(STANDIN)
 $(VENV)/.installed: pyproject.toml
 	$(PY_BASE) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,sim,postgres]'
+	$(PY) -c 'from slurm_gpu_eff.report.render import precompile; precompile()'
 	touch $@
 
 # Compiled against NVIDIA's nvml.h (PyPI's nvidia-nvml-dev, pinned in the [sim] extra).

@@ -7,19 +7,25 @@ unless --debug is given.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import load_config
 from .errors import GpuEffError, NotPermitted
+
+if TYPE_CHECKING:
+    import argparse
+
+    from .sacct import SacctRun
 
 INTERNAL_ERROR = 70
 
 
 def report_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="gpueff",
         description="GPU efficiency of a Slurm job: seff's figures plus what its GPUs did.",
@@ -33,6 +39,8 @@ def report_parser() -> argparse.ArgumentParser:
 
 
 def spool_parser(prog: str = "gpueff spool") -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog=prog,
         description="A node's spool: what waits for the store and why (status), or deliver "
@@ -53,12 +61,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
 
 
-def cmd_report(args: argparse.Namespace) -> str:
+def cmd_report(args: argparse.Namespace, early: SacctRun | None = None) -> str:
     from .slurm import SacctQuery
 
     config = load_config(args.config)
-    # sacct first: slurmdbd answers while the rest of gpueff loads.
-    query = SacctQuery(args.job_id, config.sacct, config.scontrol)
+    same = early is not None and (early.job_id, early.sacct) == (args.job_id.strip(), config.sacct)
+    query = SacctQuery(args.job_id, config.sacct, config.scontrol, run=early if same else None)
     from .report.figures import from_store_alone, gather
     from .report.hints import HintSettings
     from .report.job import GroupReport, JobReport, build_group, build_report
@@ -132,14 +140,31 @@ def _status_text(status: Any, outbox: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def early_sacct(argv: list[str]) -> SacctRun | None:
+    """The report's sacct, started before anything else loads (argparse included): slurmdbd
+    answers while gpueff starts. None when argv is not a plain report, or anything is
+    amiss: the normal path then says what."""
+    if not argv or argv[0] in ("spool", "deliver") or argv[0].startswith("-"):
+        return None
+    config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
+    config = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config)
+    try:
+        from .sacct import SacctRun
+
+        return SacctRun(argv[0], load_config(config).sacct)
+    except GpuEffError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    early = early_sacct(argv)
     if argv[:1] == ["deliver"]:
         parser, command, argv = spool_parser("gpueff deliver"), cmd_spool, argv[1:]
     elif argv[:1] == ["spool"]:
         parser, command, argv = spool_parser(), cmd_spool, argv[1:]
     else:
-        parser, command = report_parser(), cmd_report
+        parser, command = report_parser(), partial(cmd_report, early=early)
     args = parser.parse_args(argv)
     try:
         sys.stdout.write(command(args))

@@ -12,24 +12,15 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import subprocess
-import time
 from dataclasses import dataclass
 
-from .errors import JobNotFound, NotPermitted, SlurmError, UsageError
+from .errors import JobNotFound, NotPermitted, SlurmError
 from .mirror import parse_admin_comment
+from .sacct import DELIMITER, FIELDS, SacctRun, check_job_id, fresh_delimiter
 
-DELIMITER = "\x1f"  # ASCII unit separator: the captured fixtures' delimiter
-# No TRES field: any of them costs a second round trip to slurmdbd (0.17 s, not 0.09 s,
-# measured on Slurm 22.05). Memory comes from ReqMem, the GPU count from our line in the
-# AdminComment (mirror.py); only a job without that line is asked for AllocTRES.
-FIELDS = (
-    "JobID", "JobName", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
-    "ExitCode", "ElapsedRaw", "TimelimitRaw", "Start", "End", "NCPUS", "NNodes", "NodeList",
-    "TotalCPU", "ReqMem", "MaxRSS", "NTasks", "AdminComment",
-)
-JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+__all__ = ["DELIMITER", "FIELDS", "SacctQuery", "SlurmJob", "check_job_id", "fresh_delimiter"]
+
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 
 
@@ -77,52 +68,18 @@ class SlurmJob:
         return 100.0 * self.max_rss_bytes / self.alloc_mem_bytes
 
 
-def check_job_id(job_id: str) -> str:
-    job_id = job_id.strip()
-    if not JOB_ID.match(job_id):
-        raise UsageError(f"{job_id!r} is not a Slurm job id (like 1234, 1234_7 or 1234+1)")
-    return job_id
-
-
-def fresh_delimiter() -> str:
-    """A delimiter no job name can hold: its middle is chosen now, at random."""
-    return f"\x1f{secrets.token_hex(8)}\x1f"
-
-
 class SacctQuery:
     """sacct's rows for a job, asked for at once and read when needed: `gpueff` starts it
-    first and loads the rest of itself while slurmdbd answers."""
+    (sacct.SacctRun) before it loads the rest of itself, while slurmdbd answers."""
 
-    TIMEOUT_S = 60
-
-    def __init__(self, job_id: str, sacct: str = "sacct", scontrol: str = "scontrol") -> None:
-        self.job_id = check_job_id(job_id)
+    def __init__(self, job_id: str, sacct: str = "sacct", scontrol: str = "scontrol",
+                 run: SacctRun | None = None) -> None:
+        self.run = run if run is not None else SacctRun(job_id, sacct)
+        self.job_id, self.delimiter = self.run.job_id, self.run.delimiter
         self.sacct, self.scontrol = sacct, scontrol
-        self.delimiter = fresh_delimiter()
-        self.started = time.monotonic()
-        command = [
-            sacct, "-j", self.job_id, "-P", "-n", f"--delimiter={self.delimiter}",
-            "--format=" + ",".join(FIELDS),
-        ]
-        try:
-            # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except FileNotFoundError as exc:
-            raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
 
     def text(self) -> str:
-        left = max(0.1, self.TIMEOUT_S - (time.monotonic() - self.started))
-        try:
-            out, err = self.process.communicate(timeout=left)
-        except subprocess.TimeoutExpired as exc:
-            self.process.kill()
-            self.process.communicate()
-            raise SlurmError(f"sacct did not answer within {self.TIMEOUT_S} s (is slurmdbd up?)") from exc
-        if self.process.returncode != 0:
-            first = (err.decode("utf-8", "replace").strip().splitlines() or ["no message"])[0]
-            raise SlurmError(f"sacct failed: {first}")
-        return out.decode("utf-8", "replace")
+        return self.run.text()
 
     def rows(self) -> list[dict[str, str]]:
         return parse_rows(self.text(), self.delimiter)

@@ -226,10 +226,12 @@ class StoreSite:
         return cls("postgresql", server.url, server.read_url, server=server)
 
     def config(self) -> str:
-        """The config's [store] section, newline-terminated."""
+        """The config's [store] section, newline-terminated; and no AdminComment mirror:
+        the jobs of a test with a store of its own are not Slurm's."""
+        mirror = "[slurm]\nadmin_comment = false\n"
         if self.server is not None:
-            return f"[store]\nurl = {self.url}\nread_url = {self.read_url}\n"
-        return f"[store]\npath = {self.path}\n"
+            return f"[store]\nurl = {self.url}\nread_url = {self.read_url}\n{mirror}"
+        return f"[store]\npath = {self.path}\n{mirror}"
 
     def create(self) -> None:
         """Open and close it once as a writer: the schema is there (as after a first delivery)."""
