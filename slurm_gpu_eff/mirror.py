@@ -59,10 +59,11 @@ def digest(summaries: list[NodeSummary]) -> list[NodeSummary]:
 
 
 def admin_comment(summaries: list[NodeSummary], alloc_gpus: int | None = None,
-                  max_chars: int = MAX_CHARS) -> str:
-    """The line for one run of a job, from its node summaries."""
+                  max_chars: int = MAX_CHARS, earlier: list[NodeSummary] | None = None) -> str:
+    """The line for one run of a job, from its node summaries; `earlier`: those of the
+    job's earlier runs (a requeue), carried in the figures so the report can name them."""
     words = _words(summaries, alloc_gpus)
-    small = digest(summaries)
+    small = digest(summaries + (earlier or []))
     for keep_timeline in (True, False):
         if not keep_timeline:
             for s in small:

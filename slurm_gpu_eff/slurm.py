@@ -82,22 +82,23 @@ class SacctQuery:
         return self.run.text()
 
     def rows(self) -> list[dict[str, str]]:
-        return parse_rows(self.text(), self.delimiter)
-
-    def jobs(self) -> list[SlurmJob]:
-        """One job, or every task of an array / component of a heterogeneous job."""
-        rows = self.rows()
+        """sacct's rows; each job's AllocTRES added where no line of ours gives its GPUs."""
+        rows = parse_rows(self.text(), self.delimiter)
         if not rows and private_jobs(self.scontrol):
             raise NotPermitted(
                 f"job {self.job_id} is not among the jobs Slurm lets you see: this cluster "
                 "keeps jobs private (PrivateData=jobs), so it is another user's job, or none")
-        unknown = [r["JobIDRaw"] for r in rows if "." not in r["JobID"] and "[" not in r["JobID"]
-                   and mirrored_gpus(r["AdminComment"]) is None]
-        if unknown:  # no line of ours: Slurm's own count, at the cost of a second call
-            tres = allocated_tres(unknown, self.sacct)
+        if any("." not in r["JobID"] and mirrored_gpus(r["AdminComment"]) is None for r in rows):
+            # Slurm's own count, at the cost of a second call (for the id asked: an array's
+            # tasks all come with it, however many they are)
+            tres = allocated_tres(self.job_id, self.sacct)
             for row in rows:
                 row["AllocTRES"] = tres.get(row["JobIDRaw"], "")
-        return jobs_from_rows(self.job_id, rows)
+        return rows
+
+    def jobs(self) -> list[SlurmJob]:
+        """One job, or every task of an array / component of a heterogeneous job."""
+        return jobs_from_rows(self.job_id, self.rows())
 
 
 def private_jobs(scontrol: str = "scontrol") -> bool:
@@ -105,7 +106,10 @@ def private_jobs(scontrol: str = "scontrol") -> bool:
     all). Asked only when sacct showed nothing."""
     if os.geteuid() == 0:
         return False
-    done = _run_slurm([scontrol, "show", "config"], 30)
+    try:
+        done = _run_slurm([scontrol, "show", "config"], 30)
+    except SlurmError:
+        return False  # no scontrol here: say what sacct said
     for line in done.stdout.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "PrivateData":
@@ -113,11 +117,11 @@ def private_jobs(scontrol: str = "scontrol") -> bool:
     return False
 
 
-def allocated_tres(job_ids: list[str], sacct: str = "sacct") -> dict[str, str]:
-    """AllocTRES of each job (by JobIDRaw), in one sacct call."""
+def allocated_tres(job_id: str, sacct: str = "sacct") -> dict[str, str]:
+    """AllocTRES of the job, or of each task or component it names (by JobIDRaw)."""
     delimiter = fresh_delimiter()
     fields = ("JobIDRaw", "AllocTRES")
-    done = _run_slurm([sacct, "-j", ",".join(job_ids), "-X", "-P", "-n", f"--delimiter={delimiter}",
+    done = _run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-P", "-n", f"--delimiter={delimiter}",
                        "--format=" + ",".join(fields)], 60)
     if done.returncode != 0:
         raise SlurmError(f"sacct failed: {_said(done)}")
@@ -182,6 +186,8 @@ def _run_slurm(command: list[str], timeout: float) -> subprocess.CompletedProces
         return subprocess.run(command, capture_output=True, timeout=timeout, check=False)
     except FileNotFoundError as exc:
         raise SlurmError(f"{command[0]} not found: set it in [slurm]") from exc
+    except OSError as exc:
+        raise SlurmError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
     except subprocess.TimeoutExpired as exc:
         raise SlurmError(f"{command[0]} did not answer within {timeout:g} s") from exc
 
@@ -258,8 +264,8 @@ def peak_memory(steps: list[dict[str, str]]) -> int | None:
     return None if peak is None else peak[0] * peak[1]
 
 
-def get_job(job_id: str, sacct: str = "sacct") -> SlurmJob:
-    query = SacctQuery(job_id, sacct)
+def get_job(job_id: str, sacct: str = "sacct", scontrol: str = "scontrol") -> SlurmJob:
+    query = SacctQuery(job_id, sacct, scontrol)
     return job_from_rows(query.job_id, query.rows())
 
 

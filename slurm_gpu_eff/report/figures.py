@@ -28,7 +28,10 @@ def gather(jobs: list[SlurmJob], read_store: Callable[[], Store]) -> list[Figure
     them; from the store otherwise, or for a running job the store's fresher live copy,
     where the caller may read it (the store is opened once, only if needed)."""
     found = [_from_accounting(job) for job in jobs]
-    wanted = [f for f in found if f.source != "accounting" or f.job.running]
+    # A running job, or one whose line is still a live copy (its final one not yet
+    # written): the store may have fresher figures, for those who may read it.
+    wanted = [f for f in found if f.source != "accounting" or f.job.running
+              or any(not s.final for s in f.summaries)]
     if not wanted:
         return found
     try:

@@ -348,7 +348,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
     and a running job's live figures every live_mirror_s (from its first node only).
     Runs in the detached deliverer: a slow slurmctld or slurmdbd costs no job anything; a
     failure is logged, and the store keeps the figures."""
-    from ..mirror import admin_comment, with_site_text
+    from ..mirror import MAX_CHARS, admin_comment, with_site_text
     from ..slurm import allocated_gpus, get_admin_comment, set_admin_comment
 
     commands = {name: find_command(getattr(config, name)) for name in ("scontrol", "sacctmgr", "sacct")}
@@ -357,13 +357,16 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"],
                                  running=running)
 
-    def line(job_id: str, summaries: list[NodeSummary]) -> str:
+    def line(job_id: str, run: float, every: list[NodeSummary]) -> str:
         current, tres = get_admin_comment(job_id, commands["sacct"])
-        return with_site_text(current, admin_comment(summaries, allocated_gpus(tres) if tres else None))
+        room = MAX_CHARS - len(with_site_text(current, ""))  # a site's own text counts too
+        summaries = [s for s in every if run_of(s) == run]
+        ours = admin_comment(summaries, allocated_gpus(tres) if tres else None, room,
+                             earlier=[s for s in every if run_of(s) != run])
+        return with_site_text(current, ours)
 
     def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> None:
-        summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
-        text = line(job_id, summaries)
+        text = line(job_id, run, store.node_summaries(job_id, cluster))
         if write(job_id, cluster, text) == "slurmdbd":
             # The job's end record may still be on its way to slurmdbd, carrying
             # slurmctld's older copy over ours: look again, and write once more.
@@ -373,12 +376,13 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         _forget(spool, cluster, job_id)
 
     def live(store: Store, cluster: str, job_id: str, run: float, spool: Spool, node: str) -> None:
-        summaries = [s for s in store.node_summaries(job_id, cluster) if run_of(s) == run]
+        every = store.node_summaries(job_id, cluster)
+        summaries = [s for s in every if run_of(s) == run]
         if not summaries or any(s.final for s in summaries) or min(s.node for s in summaries) != node:
             return  # the job is ending, or another of its nodes mirrors it
         if not _due(spool, cluster, job_id, config.live_mirror_s, clock()):
             return
-        write(job_id, cluster, line(job_id, summaries), running=True)
+        write(job_id, cluster, line(job_id, run, every), running=True)
 
     def mirror(store: Store, now: Delivery, spool: Spool, log: HookLog) -> None:
         ended = {(s.cluster, s.job_id, run_of(s)) for s in now.finals}

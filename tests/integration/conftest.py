@@ -146,7 +146,24 @@ class Cluster:
         raise AssertionError(f"job {job_id} did not finish within {timeout} s")
 
     def gpueff(self, job_id: str, user: str = "alice", *args: str) -> Result:
+        """`gpueff JOBID` as `user`; for a finished GPU job, once its final figures are in
+        its AdminComment (the users' read path: a few seconds after the store has them)."""
+        if user != "root":
+            self.wait_mirrored(job_id)
         return self.run(["gpueff", job_id, *args], user=user)
+
+    def wait_mirrored(self, job_id: str, timeout: float = 30) -> None:
+        """Until a finished GPU job's AdminComment holds its final line (at most `timeout`:
+        the test then sees what a user would)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            row = self.run(["sacct", "-j", job_id, "-X", "-n", "-P",
+                            "--format=State,AllocTRES,AdminComment"]).out.strip().split("|")
+            if len(row) < 3 or row[0].split()[0] not in FINAL_STATES or "gres/gpu" not in row[1]:
+                return  # unknown, running, or no GPUs: nothing to wait for
+            if "gpueff1 " in row[2] and "status=running" not in row[2]:
+                return
+            time.sleep(0.5)
 
     def config(self) -> Config:
         """The cluster's gpueff.conf as the hooks read it now (the engine may be switched)."""

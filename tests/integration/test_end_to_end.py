@@ -168,15 +168,20 @@ def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
 
 
 def test_clear_errors_for_unknown_job_and_job_without_gpus(cluster: Cluster) -> None:
+    # The cluster keeps jobs private (PrivateData=jobs): to a user, an unknown job and
+    # another user's are one answer, "not permitted" (docs/security.md); root is told.
     unknown = cluster.gpueff("987654", "alice")
-    assert unknown.code == 3 and unknown.err.count("\n") == 1 and "987654" in unknown.err
+    assert unknown.code == 10 and unknown.err.count("\n") == 1 and "987654" in unknown.err
+    assert "PrivateData=jobs" in unknown.err
+    unknown_to_root = cluster.run(["gpueff", "987654"])
+    assert unknown_to_root.code == 3 and "987654 is not in Slurm's accounting" in unknown_to_root.err
     bad = cluster.gpueff("12;rm -rf /", "alice")
     assert bad.code == 2 and "not a Slurm job id" in bad.err
     cpu_job = cluster.submit("alice", "true")
     cluster.wait_done(cpu_job)
     none = cluster.gpueff(cpu_job, "alice")
     assert none.code == 4 and "has no GPUs" in none.err
-    assert "Traceback" not in unknown.err + bad.err + none.err
+    assert "Traceback" not in unknown.err + unknown_to_root.err + bad.err + none.err
 
 
 def test_slurm_index_is_bound_through_the_device_file_not_assumed_to_be_the_minor(

@@ -64,6 +64,7 @@ def live_copy(node: str, job: str, until: float) -> NodeSummary:
 def test_a_thousand_running_jobs_live_copies_reach_each_engine(tmp_path: Path, store_url: str) -> None:
     conf = tmp_path / "gpueff.conf"
     conf.write_text(f"[store]\nurl = {store_url}\n[log]\nfile = {tmp_path}/log/%n.log\n"
+                    "[slurm]\nadmin_comment = false\n"  # its jobs are not Slurm's
                     "[spool]\nretry_s = 0.5\nretry_max_s = 1\n")
     env = {"PATH": "/usr/bin:/bin", "GPUEFF_CONFIG": str(conf)}
     spools = {f"n{n:02d}": Spool(str(tmp_path / "spool" / f"n{n:02d}")) for n in range(NODES)}

@@ -98,8 +98,9 @@ def test_the_store_spool_and_logs_are_closed_to_users(cluster: Cluster, jobs: di
     else:
         connect = ("import sys, psycopg\ntry:\n    psycopg.connect(sys.argv[1]).close(); print('connected')\n"
                    "except Exception as e:\n    print(type(e).__name__)\n")
-        assert cluster.run([PYTHON, "-c", connect, config.store_read_url], user="alice").out.strip() != "connected"
-        assert cluster.run([PYTHON, "-c", connect, config.store_read_url], user="dave").out.strip() == "connected"
+        said = {user: cluster.run([PYTHON, "-c", connect, config.store_read_url], user=user).out.strip()
+                for user in ("alice", "dave")}
+        assert said["alice"] != "connected" and said["dave"] == "connected", said
 
 
 def test_no_user_can_write_an_admin_comment(cluster: Cluster, jobs: dict[str, str]) -> None:

@@ -32,15 +32,23 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GIB = 1024**3
 BOOT = 1_700_000_000.0  # the simulated "driver load" (devices file mtime)
 
+# Our line in a finished 2-GPU job's AdminComment, as sacct gives it back (mirror.py; a
+# job this large would carry figures= too): where SacctQuery finds the job's GPU count.
+DEFAULT_ADMIN_COMMENT = ("gpueff1 status=complete nodes=1 gpus=2 util=50.0 gpu_util=50.0,50.0 "
+                         "idle=0 mem_peak=25.0 energy_kwh=0.500 alloc_gpus=2")
+
 # One job-allocation row, as sacct -P prints it for a finished 2-GPU job.
 DEFAULT_ROW = {
     "JobID": "4242", "JobName": "train", "JobIDRaw": "4242", "Cluster": "gpueffdev",
     "User": "alice", "Account": "physics", "Partition": "gpu", "State": "COMPLETED",
     "ExitCode": "0:0", "ElapsedRaw": "3600", "TimelimitRaw": "120",
     "Start": "2026-11-20T10:00:00", "End": "2026-11-20T11:00:00", "NCPUS": "4",
-    "NNodes": "1", "NodeList": "gpu1", "TotalCPU": "01:00:00",
-    "AllocTRES": "billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1", "MaxRSS": "", "NTasks": "",
+    "NNodes": "1", "NodeList": "gpu1", "TotalCPU": "01:00:00", "ReqMem": "4000M",
+    "MaxRSS": "", "NTasks": "", "AdminComment": DEFAULT_ADMIN_COMMENT,
 }
+# A parsed row may also hold AllocTRES: SacctQuery.jobs() adds it, from a second sacct
+# call, to jobs without our line.
+ROW_FIELDS = (*FIELDS, "AllocTRES")
 
 
 @pytest.fixture
@@ -56,10 +64,11 @@ def sacct_fixture() -> Callable[[str], str]:
 
 @pytest.fixture
 def sacct_row() -> Callable[..., dict[str, str]]:
-    """A parsed sacct row (dict keyed by FIELDS): DEFAULT_ROW with overrides."""
+    """A parsed sacct row (dict keyed by FIELDS, and AllocTRES when given): DEFAULT_ROW
+    with overrides."""
 
     def build(**fields: str) -> dict[str, str]:
-        unknown = set(fields) - set(FIELDS)
+        unknown = set(fields) - set(ROW_FIELDS)
         assert not unknown, f"not sacct fields: {unknown}"
         return {**DEFAULT_ROW, **fields}
 
@@ -362,6 +371,9 @@ def write_site_config(root: Path, **sections: dict[str, str]) -> Path:
         "spool": {"dir": str(root / "spool" / "%n")},
         "store": {"path": str(root / "store" / "gpueff.db")},
         "log": {"file": str(root / "log" / "%n.log")},
+        # No AdminComment mirror (on by default): a deliverer here never reaches a real
+        # Slurm's job 4242. test_mirror.py checks the mirror with a fake Slurm.
+        "slurm": {"admin_comment": "false"},
     }
     for name, keys in sections.items():
         values.setdefault(name, {}).update(keys)

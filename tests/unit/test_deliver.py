@@ -188,7 +188,7 @@ def test_finding_3_the_retrier_delivers_when_the_store_is_back_without_a_new_job
         return SqliteStore(path)
 
     waits: list[float] = []
-    config = Config(retry_s=30.0, retry_max_s=100.0, retry_for_s=86400.0)
+    config = Config(retry_s=30.0, retry_max_s=100.0, retry_for_s=86400.0, admin_comment=False)
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
     result = deliver_until_done(spool, open_store, config, log, sleep=waits.append)
     assert result is not None and result.delivered == 1
@@ -245,7 +245,8 @@ def test_deliver_main_as_the_epilog_starts_it(
     tmp_path: Path, spool: Spool, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = tmp_path / "gpueff.conf"
-    config.write_text(f"[store]\npath = {tmp_path / 'main.db'}\n[log]\nfile = {tmp_path / 'log'}\n")
+    config.write_text(f"[store]\npath = {tmp_path / 'main.db'}\n[log]\nfile = {tmp_path / 'log'}\n"
+                      "[slurm]\nadmin_comment = false\n")  # job 4242 is not Slurm's
     monkeypatch.setenv("GPUEFF_CONFIG", str(config))
     spool.post(make_summary())
     write_json(os.path.join(spool.outbox, "junk.json"), "not a summary")

@@ -1,9 +1,14 @@
-"""mirror.py and the deliverer's AdminComment mirror (issue 8: optional, off by default):
-one line that survives Slurm 22.05's lowercasing and carries no user-chosen text."""
+"""mirror.py and the deliverer's AdminComment mirror (on by default: the users' read path):
+readable words that survive Slurm 22.05's lowercasing, then the report's figures, encoded
+so that they survive it too; a site's own text before the line is kept."""
 
 from __future__ import annotations
 
+import base64
+import random
+import re
 import string
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,16 +17,43 @@ import pytest
 
 from slurm_gpu_eff.config import Config, load_config
 from slurm_gpu_eff.errors import ConfigError
-from slurm_gpu_eff.mirror import admin_comment, parse_admin_comment
-from slurm_gpu_eff.model import RUNNING
+from slurm_gpu_eff.mirror import (
+    MAX_CHARS,
+    TIMELINE_POINTS,
+    MirrorError,
+    admin_comment,
+    digest,
+    figures,
+    parse_admin_comment,
+    with_site_text,
+)
+from slurm_gpu_eff.model import RUNNING, NodeSummary
 from slurm_gpu_eff.node.log import HookLog
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import admin_comments, deliver_until_done
 from slurm_gpu_eff.store.sqlite import SqliteStore
+from tests.unit.conftest import BOOT
 
 Factory = Callable[..., Any]
 GIB = 1024**3
+FIELDS = ["util", "sm_active", "power_w", "mem_used_gib"]  # node/stats.py Timeline.FIELDS
 
+
+def timeline(points: int, seed: int = 0) -> dict[str, Any]:
+    """A sampler's timeline of `points` 10-second buckets of made-up (incompressible) values."""
+    rng = random.Random(seed)
+    return {"start": BOOT, "bucket_s": 10.0, "fields": FIELDS,
+            "points": [[round(rng.uniform(0, 100), 1), round(rng.uniform(0, 100), 1),
+                        round(rng.uniform(60, 700), 1), round(rng.uniform(0, 80), 2)]
+                       for _ in range(points)]}
+
+
+def dicts(summaries: list[NodeSummary] | None) -> list[dict[str, Any]]:
+    assert summaries is not None
+    return [s.to_dict() for s in summaries]
+
+
+# --- the line ------------------------------------------------------------------------------
 
 def test_the_line_says_what_the_report_says_in_words_slurm_keeps(
     make_summary: Factory, make_gpu: Factory,
@@ -34,64 +66,177 @@ def test_the_line_says_what_the_report_says_in_words_slurm_keeps(
     for g, joules in ((busy, 3.6e6), (idle, 0.0), (shared, 1.8e6)):
         g.sampled_s, g.energy_j = 3600.0, joules
     line = admin_comment([make_summary(node="gpu2", gpus=[shared]),
-                          make_summary(node="gpu1", gpus=[busy, idle])])
-    assert line == ("gpueff1 status=complete nodes=2 gpus=3 util=36.8 gpu_util=90.0,0.5,20.0 "
-                    "idle=1 mem_peak=75.0 energy_kwh=1.500")
-    allowed = set(string.ascii_lowercase + string.digits + " =.,-_")
-    assert set(line) <= allowed  # nothing for sacctmgr's lowercasing to change
+                          make_summary(node="gpu1", gpus=[busy, idle])], alloc_gpus=4)
+    words, blob = line.split(" figures=")
+    assert words == ("gpueff1 status=complete nodes=2 gpus=3 util=36.8 gpu_util=90.0,0.5,20.0 "
+                     "idle=1 mem_peak=75.0 energy_kwh=1.500 alloc_gpus=4")
+    assert set(words) <= set(string.ascii_lowercase + string.digits + " =.,-_")  # lowercase already
+    assert set(blob) <= set(string.ascii_uppercase + "234567")  # base32: either case reads back
     assert parse_admin_comment(line.upper()) == parse_admin_comment(line) != None  # noqa: E711
     assert parse_admin_comment("ticket 4711: node rebooted") is None  # a site's own comment
 
 
 def test_figures_not_measured_are_dashes_not_zeros(make_summary: Factory) -> None:
     line = admin_comment([make_summary(status="missing", reason="no sampler", utils=())])
-    assert line == ("gpueff1 status=missing nodes=1 gpus=0 util=- gpu_util=- idle=0 "
-                    "mem_peak=- energy_kwh=-")
+    assert line.split(" figures=")[0] == ("gpueff1 status=missing nodes=1 gpus=0 util=- gpu_util=- "
+                                          "idle=0 mem_peak=- energy_kwh=- alloc_gpus=-")
 
 
-def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", sacct: str = "") -> Config:
+def test_the_figures_survive_sacctmgr_lowercasing_them(make_summary: Factory) -> None:
+    summaries = [make_summary(node="gpu1", utils=(90.0, 10.0)), make_summary(node="gpu2")]
+    summaries[0].gpus[0].timeline = timeline(500)
+    stored = admin_comment(summaries, alloc_gpus=3).lower()  # what sacct gives back
+    assert dicts(figures(stored)) == dicts(digest(summaries))
+    assert dicts(figures(f"ticket 4711 {stored}")) == dicts(digest(summaries))  # after a site's text
+
+
+def test_a_sites_own_text_is_kept_and_our_old_line_replaced() -> None:
+    new = "gpueff1 status=complete nodes=1 gpus=1 alloc_gpus=1 figures=NEW"
+    old = "gpueff1 status=partial nodes=1 gpus=1 alloc_gpus=1 figures=old"
+    site = "ticket 4711: node rebooted"
+    assert with_site_text("", new) == new
+    assert with_site_text(site, new) == f"{site} {new}"
+    assert with_site_text(f"{site} {old}", new) == f"{site} {new}"
+    assert with_site_text(old, new) == new
+    assert with_site_text(f"{site}  {old.upper()}", new) == f"{site} {new}"
+    assert parse_admin_comment(f"{site} {new}") == parse_admin_comment(new)
+
+
+def test_a_64_gpu_job_stays_under_max_chars_timelines_dropped_first_then_figures(
+    make_summary: Factory, make_gpu: Factory,
+) -> None:
+    summaries = [make_summary(node=f"gpu{n}", gpus=[
+        make_gpu(node=f"gpu{n}", minor=m, timeline=timeline(720, seed=8 * n + m)) for m in range(8)])
+        for n in range(8)]
+    assert len(admin_comment(summaries, 64, max_chars=10**9)) > MAX_CHARS  # timelines and all: too long
+    line = admin_comment(summaries, 64)
+    assert len(line) <= MAX_CHARS
+    read = figures(line.lower())
+    assert read is not None and sum(len(s.gpus) for s in read) == 64
+    assert all(g.timeline is None and g.metrics for s in read for g in s.gpus)
+    words = admin_comment(summaries, 64, max_chars=2000)  # not even the figures fit
+    assert "figures=" not in words and figures(words) is None
+    assert words.startswith("gpueff1 status=complete nodes=8 gpus=64 ") and words.endswith(" alloc_gpus=64")
+
+
+def encoded(raw: bytes) -> str:
+    return base64.b32encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("blob", [
+    "not-base32!",
+    encoded(b"not zlib at all"),
+    encoded(zlib.compress(b"{not json")),
+    encoded(zlib.compress(b'[{"node": "gpu1"}]')),  # JSON, not node summaries
+    encoded(zlib.compress(b'[{"cluster": "c", "job_id": "1", "node": "gpu1"}]' * 9))[:40],  # cut short
+])
+def test_figures_of_a_corrupt_blob_is_a_mirror_error(blob: str) -> None:
+    with pytest.raises(MirrorError, match="AdminComment are unreadable"):
+        figures(f"gpueff1 status=complete nodes=1 gpus=1 figures={blob}")
+
+
+def test_no_line_or_a_line_without_figures_has_none() -> None:
+    assert figures("") is None
+    assert figures("ticket 4711: node rebooted") is None
+    assert figures("gpueff1 status=complete nodes=8 gpus=64 alloc_gpus=64") is None
+
+
+def test_digest_keeps_means_and_maxima_and_at_most_timeline_points_buckets(
+    make_summary: Factory, make_gpu: Factory,
+) -> None:
+    points = [[float(i), None if i % 2 else 50.0, 100.0, float(i % 5)] for i in range(250)]
+    gpu = make_gpu(timeline={"start": BOOT, "bucket_s": 10.0, "fields": FIELDS, "points": points})
+    short = make_gpu(minor=1, timeline=timeline(TIMELINE_POINTS))
+    (small,) = digest([make_summary(gpus=[gpu, short])])
+    assert small.gpus[0].metrics == {name: {"mean": stats["mean"], "max": stats["max"]}
+                                     for name, stats in gpu.metrics.items()}
+    assert gpu.metrics["util"]["samples"] == 3600 and len(gpu.timeline["points"]) == 250  # input kept
+    merged = small.gpus[0].timeline
+    assert merged is not None and merged["fields"] == FIELDS and merged["start"] == BOOT
+    assert (merged["bucket_s"], len(merged["points"])) == (30.0, 84)  # 250 in threes: <= 120
+    assert merged["points"][0] == [1.0, 50.0, 100.0, 2.0]  # means of 0-2 (None left out), max memory
+    assert merged["points"][1] == [4.0, 50.0, 100.0, 4.0]  # buckets 3-5
+    assert merged["points"][-1] == [249.0, None, 100.0, 4.0]  # the last bucket alone, unmeasured SM
+    assert small.gpus[1].timeline == short.timeline  # 120 buckets already: as they were
+
+
+# --- the deliverer writes it ----------------------------------------------------------------
+
+TRES = "billing=2,cpu=2,gres/gpu=2,mem=4000M,node=1"
+
+
+def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", database: str = "",
+               kept: bool = True, live_mirror_s: float = 0.0) -> Config:
     """scontrol, sacctmgr and sacct that record their arguments (one call a line, in
-    calls.log) and say or print what they are given (an error: exit 1)."""
-    def command(name: str, answer: str) -> str:
+    calls.log); scontrol and sacctmgr fail with `error:...`. The database (a file) holds
+    the AdminComment: sacctmgr writes it lowercased, as Slurm 22.05's does (not when
+    `kept` is false: the job's end record came after it), and sacct reads it, with TRES.
+    Live copies are not mirrored unless live_mirror_s is given."""
+    (tmp_path / "database").write_text(database)
+
+    def command(name: str, body: str) -> str:
         path = tmp_path / name
-        fail = answer.startswith("error:")
-        path.write_text(f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/calls.log\n'
-                        + (f"echo '{answer[6:]}' >&2\nexit 1\n" if fail else f"printf '%s\\n' '{answer}'\n"))
+        path.write_text(f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/calls.log\n' + body)
         path.chmod(0o755)
         return str(path)
 
-    return Config(admin_comment=True, scontrol=command("scontrol", scontrol),
-                  sacctmgr=command("sacctmgr", sacctmgr), sacct=command("sacct", sacct))
+    def answer(said: str, then: str = "") -> str:
+        return f"echo '{said[6:]}' >&2\nexit 1\n" if said.startswith("error:") else then
+
+    store = (f'for a; do case $a in AdminComment=*) printf %s "${{a#AdminComment=}}" '
+             f"| tr A-Z a-z > {tmp_path}/database;; esac; done\n") if kept else ""
+    read = ('for a; do case $a in --delimiter=*) d=${a#--delimiter=};; esac; done\n'
+            f'printf "%s%s%s\\n" "$(cat {tmp_path}/database)" "$d" "{TRES}"\n')
+    return Config(admin_comment=True, live_mirror_s=live_mirror_s,
+                  scontrol=command("scontrol", answer(scontrol)),
+                  sacctmgr=command("sacctmgr", answer(sacctmgr, store)), sacct=command("sacct", read))
 
 
 def calls(tmp_path: Path) -> list[str]:
+    """The calls made, with this call's delimiter as D and the encoded figures as F."""
     log = tmp_path / "calls.log"
-    return log.read_text().splitlines() if log.exists() else []
+    text = log.read_text() if log.exists() else ""
+    text = re.sub("--delimiter=\x1f[0-9a-f]{16}\x1f", "--delimiter=D", text)
+    return re.sub("figures=[A-Za-z2-7]+", "figures=F", text).splitlines()
+
+
+def written(tmp_path: Path) -> str:
+    """The AdminComment of the last write, as it was given."""
+    writes = [c for c in (tmp_path / "calls.log").read_text().splitlines() if "AdminComment=" in c]
+    return writes[-1].split("AdminComment=", 1)[1]
 
 
 LINE = ("gpueff1 status=complete nodes=2 gpus=2 util=50.0 gpu_util=90.0,10.0 idle=0 "
-        "mem_peak=25.0 energy_kwh=0.500")
+        "mem_peak=25.0 energy_kwh=0.500 alloc_gpus=2 figures=F")
+READ = "sacct -j 4242 -X -n -P --delimiter=D --format=AdminComment,AllocTRES"
+DATABASE = f"sacctmgr -i modify job where jobid=4242 cluster=gpueffdev set AdminComment={LINE}"
 
 
-def deliver_two_nodes(tmp_path: Path, config: Config, make_summary: Factory) -> None:
+def deliver_two_nodes(tmp_path: Path, config: Config, make_summary: Factory) -> list[NodeSummary]:
+    """Job 4242's gpu1 delivered after gpu2; returns the store's summaries of it."""
     spool = Spool(str(tmp_path / "spool"))
     store_path = str(tmp_path / "gpueff.db")
     with SqliteStore(store_path) as store:
         store.put(make_summary(node="gpu2", utils=(10.0,)))  # the other node came first
     spool.post(make_summary(node="gpu1", utils=(90.0,)))
-    spool.post(make_summary(job_id="77", status=RUNNING))  # a live copy is not mirrored
+    spool.post(make_summary(job_id="77", status=RUNNING))  # a live copy: not mirrored here
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
     result = deliver_until_done(spool, lambda: SqliteStore(store_path), config, log)
     assert result is not None and result.delivered == 2
+    with SqliteStore(store_path, readonly=True) as store:
+        return store.node_summaries("4242")
 
 
-def test_while_slurmctld_holds_the_job_the_line_goes_through_it(
+def test_while_slurmctld_holds_the_job_the_line_goes_through_it_after_the_sites_text(
     tmp_path: Path, make_summary: Factory,
 ) -> None:
     """Checked on Slurm 22.05: the job's end record carries slurmctld's AdminComment into
     the database over anything written there before; so slurmctld's copy first."""
-    deliver_two_nodes(tmp_path, fake_slurm(tmp_path), make_summary)
-    assert calls(tmp_path) == [f"scontrol update jobid=4242 AdminComment={LINE}"]
+    config = fake_slurm(tmp_path, database="ticket 4711: node rebooted")
+    stored = deliver_two_nodes(tmp_path, config, make_summary)
+    assert calls(tmp_path) == [
+        READ, f"scontrol update jobid=4242 AdminComment=ticket 4711: node rebooted {LINE}"]
+    assert dicts(figures(written(tmp_path))) == dicts(digest(stored))
 
 
 def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_overtaken(
@@ -101,13 +246,11 @@ def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_o
 
     monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
     config = fake_slurm(tmp_path, scontrol="error:Job has already finished for job 4242",
-                        sacct="")  # the end record overtook our write: nothing there
+                        kept=False)  # the end record overtook our write: nothing there
     deliver_two_nodes(tmp_path, config, make_summary)
-    database = f"sacctmgr -i modify job where jobid=4242 cluster=gpueffdev set AdminComment={LINE}"
     assert calls(tmp_path) == [
-        f"scontrol update jobid=4242 AdminComment={LINE}", database,
-        "sacct -j 4242 -X -n -P --format=AdminComment",
-        f"scontrol update jobid=4242 AdminComment={LINE}", database]
+        READ, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE,
+        READ, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE]
 
 
 def test_a_line_read_back_lowercased_is_not_written_twice(
@@ -116,9 +259,43 @@ def test_a_line_read_back_lowercased_is_not_written_twice(
     from slurm_gpu_eff.store import deliver as module
 
     monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
-    config = fake_slurm(tmp_path, scontrol="error:Invalid job id specified", sacct=LINE.lower())
-    deliver_two_nodes(tmp_path, config, make_summary)
-    assert len(calls(tmp_path)) == 3  # scontrol, sacctmgr, the read-back: no second write
+    config = fake_slurm(tmp_path, scontrol="error:Invalid job id specified")
+    stored = deliver_two_nodes(tmp_path, config, make_summary)
+    assert calls(tmp_path) == [READ, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE, READ]
+    database = (tmp_path / "database").read_text()
+    assert database == written(tmp_path).lower()  # as sacctmgr keeps it: still readable
+    assert dicts(figures(database)) == dicts(digest(stored))
+
+
+def test_a_running_jobs_live_figures_go_into_the_database_every_live_mirror_s(
+    tmp_path: Path, make_summary: Factory,
+) -> None:
+    """From its first node only, straight into the database (slurmctld's copy reaches sacct
+    only at the job's end), and not again before live_mirror_s has passed."""
+    from slurm_gpu_eff.store import deliver as module
+
+    spool = Spool(str(tmp_path / "spool"))
+    store = str(tmp_path / "gpueff.db")
+    log = HookLog(str(tmp_path / "log"), "-", "deliver")
+    now = [BOOT + 1000]
+    mirror = admin_comments(fake_slurm(tmp_path, live_mirror_s=300), clock=lambda: now[0])
+
+    def deliver_live(until: float) -> None:
+        for node in ("gpu2", "gpu1"):
+            spool.post(make_summary(node=node, job_id="77", status=RUNNING, sampled_until=until))
+        module._attempt(spool, lambda: SqliteStore(store), log, mirror=mirror)
+
+    deliver_live(BOOT + 1000)
+    live = LINE.replace("status=complete", "status=running").replace("90.0,10.0", "50.0,50.0")
+    once = [READ.replace("4242", "77"),
+            f"sacctmgr -i modify job where jobid=77 cluster=gpueffdev set AdminComment={live}"]
+    assert calls(tmp_path) == once
+    now[0] += 299
+    deliver_live(BOOT + 1299)
+    assert calls(tmp_path) == once  # not yet due
+    now[0] += 1
+    deliver_live(BOOT + 1300)
+    assert calls(tmp_path) == once * 2
 
 
 def test_a_mirror_that_fails_is_logged_and_costs_the_store_nothing(
@@ -137,13 +314,12 @@ def test_a_mirror_that_fails_is_logged_and_costs_the_store_nothing(
             "AdminComment: Access/permission denied") in (tmp_path / "log").read_text()
 
 
-def test_admin_comment_is_a_true_or_false_setting_off_by_default(tmp_path: Path) -> None:
-    assert Config().admin_comment is False
+def test_admin_comment_is_a_true_or_false_setting_on_by_default(tmp_path: Path) -> None:
+    assert Config().admin_comment is True  # the users' read path
     conf = tmp_path / "gpueff.conf"
-    conf.write_text("[slurm]\nadmin_comment = yes\nsacctmgr = /opt/slurm/bin/sacctmgr\n")
+    conf.write_text("[slurm]\nadmin_comment = no\nsacctmgr = /opt/slurm/bin/sacctmgr\n")
     config = load_config(str(conf))
-    assert config.admin_comment is True and config.sacctmgr == "/opt/slurm/bin/sacctmgr"
+    assert config.admin_comment is False and config.sacctmgr == "/opt/slurm/bin/sacctmgr"
     conf.write_text("[slurm]\nadmin_comment = maybe\n")
     with pytest.raises(ConfigError, match="admin_comment = 'maybe': say true or false"):
         load_config(str(conf))
-

@@ -1,6 +1,8 @@
 """slurm.py: sacct -P text -> rows -> SlurmJob, checked against fixtures in tests/fixtures/sacct.
 
-Fixture files use slurm.FIELDS in order and the \\x1f delimiter, one per job shape.
+Fixture files use slurm.FIELDS in order and the \\x1f delimiter, one per job shape. Their
+AdminComments are empty (no line of ours): their GPU count is the AllocTRES that
+SacctQuery.jobs() asks sacct for in a second call, which `allocated` adds here.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_eff.errors import JobNotFound, SlurmError, UsageError
+from slurm_gpu_eff.errors import GpuEffError, JobNotFound, NotPermitted, SlurmError, UsageError
 from slurm_gpu_eff.slurm import (
     DELIMITER,
     FIELDS,
+    SacctQuery,
     check_job_id,
     get_job,
     get_jobs,
@@ -28,10 +31,16 @@ from slurm_gpu_eff.slurm import (
     parse_rows,
     parse_size,
     parse_tres,
+    requested_memory,
 )
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sacct"
+
+
+def allocated(rows: list[dict[str, str]], tres: str) -> list[dict[str, str]]:
+    """The rows as SacctQuery.jobs() completes them for a job without our line."""
+    return [{**r, "AllocTRES": tres} for r in rows]
 
 
 # --- parse_rows ----------------------------------------------------------------------------
@@ -47,7 +56,7 @@ def test_fixtures_have_exactly_the_fields_asked_for() -> None:
 def test_parse_rows_of_a_completed_2gpu_job(sacct_fixture: Callable[[str], str]) -> None:
     rows = parse_rows(sacct_fixture("completed_2gpu.txt"))
     assert [r["JobID"] for r in rows] == ["4242", "4242.batch", "4242.extern", "4242.0"]
-    assert rows[0]["AllocTRES"] == "billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1"
+    assert (rows[0]["ReqMem"], rows[0]["AdminComment"]) == ("4000M", "")
     assert rows[0]["MaxRSS"] == ""
     assert rows[3]["MaxRSS"] == "2048000K"
     assert rows[1]["User"] == "" and rows[1]["TimelimitRaw"] == ""
@@ -86,7 +95,7 @@ def test_a_missing_column_is_an_error_not_a_shift(sacct_line: Callable[..., str]
     short = DELIMITER.join(sacct_line().rstrip("\n").split(DELIMITER)[:-1])  # an older Slurm
     with pytest.raises(SlurmError, match="sacct output ended in the middle of a row"):
         parse_rows(short + "\n")
-    # two short rows stitch into one of 17 + 17 + 1 delimiters: never read as two rows
+    # two short rows stitch into one too long (2 x len(FIELDS) - 3 columns): never two rows
     with pytest.raises(SlurmError, match=f"sacct returned {2 * len(FIELDS) - 3} columns"):
         parse_rows(short + "\n" + short + "\n")
 
@@ -94,7 +103,9 @@ def test_a_missing_column_is_an_error_not_a_shift(sacct_line: Callable[..., str]
 # --- job_from_rows -------------------------------------------------------------------------
 
 def test_completed_2gpu_job_efficiencies_as_seff(sacct_fixture: Callable[[str], str]) -> None:
-    job = job_from_rows("4242", parse_rows(sacct_fixture("completed_2gpu.txt")))
+    rows = allocated(parse_rows(sacct_fixture("completed_2gpu.txt")),
+                     "billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1")
+    job = job_from_rows("4242", rows)
     assert (job.job_id, job.job_id_raw, job.name) == ("4242", "4242", "train-resnet")
     assert (job.cluster, job.user, job.account, job.partition) == (
         "gpueffdev", "alice", "physics", "gpu")
@@ -102,7 +113,7 @@ def test_completed_2gpu_job_efficiencies_as_seff(sacct_fixture: Callable[[str], 
     assert (job.elapsed_s, job.timelimit_s) == (3600, 7200)
     assert (job.ncpus, job.nnodes, job.nodelist, job.gpus) == (4, 1, "gpu2", 2)
     assert job.total_cpu_s == 8640.0  # 02:24:00
-    assert job.alloc_mem_bytes == 4000 * MIB
+    assert job.alloc_mem_bytes == 4000 * MIB  # ReqMem
     assert job.max_rss_bytes == 2048000 * KIB  # the largest step, step 0
     # seff: TotalCPU / (ElapsedRaw * NCPUS); max step MaxRSS / allocated memory
     assert job.cpu_efficiency == pytest.approx(100 * 8640 / (3600 * 4), abs=1e-12)  # 60 %
@@ -110,7 +121,9 @@ def test_completed_2gpu_job_efficiencies_as_seff(sacct_fixture: Callable[[str], 
 
 
 def test_running_1gpu_job_has_no_efficiencies_yet(sacct_fixture: Callable[[str], str]) -> None:
-    job = job_from_rows("1", parse_rows(sacct_fixture("running_1gpu.txt")))
+    rows = allocated(parse_rows(sacct_fixture("running_1gpu.txt")),
+                     "billing=1,cpu=1,gres/gpu=1,mem=1000M,node=1")
+    job = job_from_rows("1", rows)
     assert (job.state, job.running, job.end) == ("RUNNING", True, "Unknown")
     assert (job.elapsed_s, job.timelimit_s, job.gpus) == (2, None, 1)  # UNLIMITED
     assert job.max_rss_bytes is None  # no step has reported yet
@@ -158,15 +171,24 @@ def test_the_job_asked_for_is_chosen_by_raw_id(sacct_row: Callable[..., dict[str
 def test_typed_gres_counts_when_there_is_no_plain_gres(
     sacct_row: Callable[..., dict[str, str]],
 ) -> None:
-    rows = [sacct_row(AllocTRES="cpu=8,gres/gpu:a100=2,gres/gpu:v100=1,mem=8G,node=1")]
+    rows = [sacct_row(AdminComment="", AllocTRES="cpu=8,gres/gpu:a100=2,gres/gpu:v100=1,mem=8G,node=1")]
     assert job_from_rows("4242", rows).gpus == 3
-    rows = [sacct_row(AllocTRES="cpu=8,gres/gpu=2,gres/gpu:a100=2,mem=8G,node=1")]
+    rows = [sacct_row(AdminComment="", AllocTRES="cpu=8,gres/gpu=2,gres/gpu:a100=2,mem=8G,node=1")]
     assert job_from_rows("4242", rows).gpus == 2  # not counted twice
 
 
+def test_our_line_counts_the_gpus_before_alloc_tres(sacct_row: Callable[..., dict[str, str]]) -> None:
+    line = "ticket 4711 gpueff1 status=complete nodes=1 gpus=3 alloc_gpus=4"  # after a site's text
+    assert job_from_rows("4242", [sacct_row(AdminComment=line, AllocTRES="gres/gpu=9")]).gpus == 4
+    older = "gpueff1 status=complete nodes=1 gpus=3"  # written before alloc_gpus= was
+    assert job_from_rows("4242", [sacct_row(AdminComment=older)]).gpus == 3
+    assert job_from_rows("4242", [sacct_row(AdminComment="ticket 4711")]).gpus == 0  # no AllocTRES
+
+
 def test_pending_job_has_no_efficiency(sacct_row: Callable[..., dict[str, str]]) -> None:
-    job = job_from_rows("4242", [sacct_row(State="PENDING", ElapsedRaw="0", AllocTRES="")])
-    assert (job.running, job.elapsed_s, job.gpus, job.alloc_mem_bytes) == (True, 0, 0, None)
+    job = job_from_rows("4242", [sacct_row(State="PENDING", ElapsedRaw="0", AdminComment="",
+                                           AllocTRES="")])
+    assert (job.running, job.elapsed_s, job.gpus, job.alloc_mem_bytes) == (True, 0, 0, 4000 * MIB)
     assert job.cpu_efficiency is None and job.mem_efficiency is None
 
 
@@ -178,6 +200,20 @@ def test_only_steps_or_nothing_is_job_not_found(sacct_row: Callable[..., dict[st
 
 
 # --- field parsers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("text", "nnodes", "ncpus", "expected"),
+    [
+        ("1400M", 2, 4, 1400 * MIB),  # Slurm >= 21.08: the job's total, whatever its nodes
+        ("700Mn", 2, 4, 1400 * MIB),  # older: per node
+        ("300Mc", 1, 3, 900 * MIB),  # older: per CPU
+        ("0", 1, 4, 0),
+        ("", 1, 4, None),
+    ],
+)
+def test_requested_memory(text: str, nnodes: int, ncpus: int, expected: int | None) -> None:
+    assert requested_memory(text, nnodes, ncpus) == expected
+
 
 def test_parse_tres() -> None:
     assert parse_tres("billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1") == {
@@ -238,9 +274,15 @@ def test_check_job_id_rejects(job_id: str) -> None:
 
 # A fake sacct's `emit FILE` prints a fixture as sacct would for this call: the fixture's
 # \x1f delimiters become the one asked for with --delimiter (new for every call).
-EMIT = """for a in "$@"; do case $a in --delimiter=*) d=${a#--delimiter=};; esac; done
+# `tres JOBIDRAW ALLOCTRES` answers the second call (--format=JobIDRaw,AllocTRES) that
+# SacctQuery.jobs() makes for jobs without our line, and ends the script there.
+EMIT = """for a in "$@"; do
+  case $a in --delimiter=*) d=${a#--delimiter=};; --format=*) f=${a#--format=};; esac
+done
 emit() { sed "s/$(printf '\\037')/$d/g" "$1"; }
+tres() { if [ "$f" = JobIDRaw,AllocTRES ]; then printf '%s%s%s\\n' "$1" "$d" "$2"; exit 0; fi; }
 """
+TRES_4242 = "tres 4242 billing=4,cpu=4,gres/gpu=2,mem=4000M,node=1\n"
 
 
 def fake_sacct(directory: Path, body: str) -> Path:
@@ -252,11 +294,12 @@ def fake_sacct(directory: Path, body: str) -> Path:
 
 def test_get_job_runs_sacct_from_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args_file = tmp_path / "args"
-    fake_sacct(tmp_path, f'printf "%s\\n" "$@" > {args_file}\n'
+    fake_sacct(tmp_path, TRES_4242 + f'printf "%s\\n" "$@" > {args_file}\n'
                          f'emit {FIXTURES / "completed_2gpu.txt"}\n')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     job = get_job("4242")
-    assert (job.job_id, job.gpus, job.max_rss_bytes) == ("4242", 2, 2048000 * KIB)
+    assert job.gpus == 2  # no line of ours in the fixture: AllocTRES, asked a second time
+    assert (job.job_id, job.max_rss_bytes) == ("4242", 2048000 * KIB)
     assert job.cpu_efficiency == pytest.approx(60.0, abs=1e-12)
     args = args_file.read_text().splitlines()
     assert args[:4] == ["-j", "4242", "-P", "-n"] and args[5] == "--format=" + ",".join(FIELDS)
@@ -265,8 +308,19 @@ def test_get_job_runs_sacct_from_path(tmp_path: Path, monkeypatch: pytest.Monkey
     assert args_file.read_text().splitlines()[4] != args[4]  # new for every call
 
 
+def test_get_jobs_asks_for_alloc_tres_of_a_job_without_our_line(tmp_path: Path) -> None:
+    script = fake_sacct(tmp_path, TRES_4242 + f'emit {FIXTURES / "completed_2gpu.txt"}\n')
+    assert [job.gpus for job in get_jobs("4242", str(script))] == [2]
+
+
+def test_get_job_counts_the_gpus_of_a_job_without_our_line(tmp_path: Path) -> None:
+    script = fake_sacct(tmp_path, TRES_4242 + f'emit {FIXTURES / "completed_2gpu.txt"}\n')
+    assert get_job("4242", str(script)).gpus == 2
+
+
 def test_get_job_with_an_explicit_sacct_path(tmp_path: Path) -> None:
-    script = fake_sacct(tmp_path, f'emit {FIXTURES / "name_with_newline.txt"}\n')
+    script = fake_sacct(tmp_path, '[ "$f" = JobIDRaw,AllocTRES ] && exit 0\n'
+                                  f'emit {FIXTURES / "name_with_newline.txt"}\n')
     assert get_job("4244", str(script)).name == "evil\nBcc: root@example.org"
 
 
@@ -296,6 +350,53 @@ def test_sacct_knows_nothing_of_the_job(tmp_path: Path) -> None:
     script = fake_sacct(tmp_path, "exit 0\n")
     with pytest.raises(JobNotFound, match="job 999 is not in Slurm's accounting"):
         get_job("999", str(script))
+
+
+def fake_scontrol(directory: Path, private_data: str) -> Path:
+    script = directory / "scontrol"
+    script.write_text('#!/bin/sh\n[ "$*" = "show config" ] || exit 1\n'
+                      'echo "PreemptMode             = OFF"\n'
+                      f'echo "PrivateData             = {private_data}"\n')
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize(
+    ("euid", "private_data", "error", "exit_code"),
+    [(1000, "jobs,usage", NotPermitted, 10), (1000, "none", JobNotFound, 3),
+     (0, "jobs,usage", JobNotFound, 3)],  # root sees every job: nothing hidden from it
+)
+def test_no_rows_where_slurm_hides_other_users_jobs_is_not_permitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, euid: int, private_data: str,
+    error: type[GpuEffError], exit_code: int,
+) -> None:
+    monkeypatch.setattr("slurm_gpu_eff.slurm.os.geteuid", lambda: euid)
+    query = SacctQuery("4242", str(fake_sacct(tmp_path, "exit 0\n")),
+                       str(fake_scontrol(tmp_path, private_data)))
+    with pytest.raises(error) as raised:
+        query.jobs()
+    assert raised.value.exit_code == exit_code
+
+
+def test_alloc_tres_is_asked_once_for_the_id_asked_when_a_job_has_no_line_of_ours(
+    tmp_path: Path, sacct_line: Callable[..., str],
+) -> None:
+    fixture = tmp_path / "array.txt"
+    fixture.write_text(
+        sacct_line(JobID="900_1", JobIDRaw="901", AdminComment="gpueff1 status=complete alloc_gpus=1")
+        + sacct_line(JobID="900_2", JobIDRaw="902", AdminComment="")
+        + sacct_line(JobID="900_2.batch", JobIDRaw="902.batch", AdminComment="")
+        + sacct_line(JobID="900_3", JobIDRaw="903", AdminComment="ticket 4711"))
+    script = fake_sacct(tmp_path, f'echo "$*" >> {tmp_path / "calls"}\n'
+                                  '[ "$f" = JobIDRaw,AllocTRES ] && printf '
+                                  '"902${d}gres/gpu=2\\n903${d}gres/gpu:a100=4\\n" && exit 0\n'
+                                  f"emit {fixture}\n")
+    assert [job.gpus for job in get_jobs("900", str(script))] == [1, 2, 4]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 2
+    # The id asked, not the tasks': an array of 20,000 would not fit in one argument.
+    assert calls[1].startswith("-j 900 -X -P -n --delimiter=")
+    assert calls[1].endswith(" --format=JobIDRaw,AllocTRES")
 
 
 def test_a_bad_job_id_never_reaches_sacct(tmp_path: Path) -> None:
@@ -332,7 +433,8 @@ def hostile_rows(delimiter: str) -> str:
 DEFAULT_ROWS_500 = {f: "" for f in FIELDS} | {
     "JobID": "500", "JobIDRaw": "500", "Cluster": "c", "User": "mallory", "State": "COMPLETED",
     "ExitCode": "0:0", "ElapsedRaw": "60", "NCPUS": "1", "NNodes": "1", "NodeList": "gpu1",
-    "TotalCPU": "00:01", "AllocTRES": "cpu=1,gres/gpu=1,mem=100M",
+    "TotalCPU": "00:01", "ReqMem": "100M",
+    "AdminComment": "gpueff1 status=complete nodes=1 gpus=1 alloc_gpus=1",
 }
 
 
@@ -354,7 +456,7 @@ def test_peak_memory_counts_the_largest_steps_rss_once_per_task(
     """seff 22.05's rule (its MaxRSS is one task's peak): a 4-task step at 150 MiB a task
     in 1000 MiB is 60%, not 15%. The step with the largest MaxRSS decides."""
     rows = [
-        sacct_row(AllocTRES="cpu=4,gres/gpu=1,mem=1000M", MaxRSS="", NTasks=""),
+        sacct_row(ReqMem="1000M", MaxRSS="", NTasks=""),
         sacct_row(JobID="4242.batch", JobIDRaw="4242.batch", MaxRSS="20M", NTasks="1"),
         sacct_row(JobID="4242.0", JobIDRaw="4242.0", MaxRSS="150M", NTasks="4"),
         sacct_row(JobID="4242.1", JobIDRaw="4242.1", MaxRSS="100M", NTasks="8"),
@@ -388,7 +490,7 @@ def test_gpueff_reports_with_sacct_started_before_the_store_is_read(
     from slurm_gpu_eff.cli import main
     from slurm_gpu_eff.store import open_store
 
-    script = fake_sacct(tmp_path, f"sleep 0.2\nemit {FIXTURES / 'completed_2gpu.txt'}\n")
+    script = fake_sacct(tmp_path, f"{TRES_4242}sleep 0.2\nemit {FIXTURES / 'completed_2gpu.txt'}\n")
     store = tmp_path / "gpueff.db"
     started = time.mktime(time.strptime("2026-11-20T10:00:00", "%Y-%m-%dT%H:%M:%S"))  # its Start
     with open_store(f"sqlite://{store}") as opened:
@@ -404,13 +506,15 @@ def test_an_unknown_job_is_said_before_a_missing_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     from slurm_gpu_eff.cli import main
-    from slurm_gpu_eff.errors import JobNotFound, StoreError
+    from slurm_gpu_eff.errors import JobNotFound, NoSummary
 
     script = fake_sacct(tmp_path, "exit 0\n")  # sacct knows no such job
     config = tmp_path / "gpueff.conf"
     config.write_text(f"[store]\npath = {tmp_path / 'absent.db'}\n[slurm]\nsacct = {script}\n")
     assert main(["999", "--config", str(config)]) == JobNotFound.exit_code
     assert "job 999 is not in Slurm's accounting" in capsys.readouterr().err
-    fake_sacct(tmp_path, f"emit {FIXTURES / 'completed_2gpu.txt'}\n")  # now it does
-    assert main(["4242", "--config", str(config)]) == StoreError.exit_code
-    assert "no GPU data has been stored yet" in capsys.readouterr().err
+    fake_sacct(tmp_path, f"{TRES_4242}emit {FIXTURES / 'completed_2gpu.txt'}\n")  # now it does
+    assert main(["4242", "--config", str(config)]) == NoSummary.exit_code  # no line, no store
+    said = capsys.readouterr().err
+    assert "no GPU figures for job 4242 in Slurm's accounting" in said
+    assert "no GPU data has been stored yet" in said
