@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .errors import JobNotFound, NotPermitted, SlurmError
 from .mirror import parse_admin_comment
-from .sacct import DELIMITER, FIELDS, SacctRun, check_job_id, fresh_delimiter
+from .sacct import DELIMITER, FIELDS, JOB_ID, SacctRun, check_job_id, fresh_delimiter
 
 __all__ = ["DELIMITER", "FIELDS", "SacctQuery", "SlurmJob", "check_job_id", "fresh_delimiter"]
 
@@ -169,16 +169,24 @@ def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "sco
     return "slurmdbd"
 
 
-def get_admin_comment(job_id: str, sacct: str = "sacct") -> tuple[str, str]:
-    """The job's AdminComment and AllocTRES as the database holds them."""
+def get_admin_comment(job_id: str, sacct: str = "sacct") -> tuple[str, str, str]:
+    """The job's AdminComment and AllocTRES as the database holds them, and the id to write
+    it with: an array task's or a heterogeneous component's own (1234_7, 1234+0). Its raw
+    id alone names the whole array, or every component, when it is the array's or the
+    heterogeneous job's id (checked on 22.05: sacctmgr then writes them all)."""
     delimiter = fresh_delimiter()
-    fields = ("AdminComment", "AllocTRES")
+    fields = ("AdminComment", "AllocTRES", "JobIDRaw", "JobID")
     done = _run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-n", "-P", f"--delimiter={delimiter}",
                        "--format=" + ",".join(fields)], 30)
     if done.returncode != 0:
         raise SlurmError(f"sacct failed: {_said(done)}")
     rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
-    return (rows[0]["AdminComment"], rows[0]["AllocTRES"]) if rows else ("", "")
+    row = next((r for r in rows if r["JobIDRaw"] == job_id), rows[0] if rows else None)
+    if row is None:
+        return "", "", job_id
+    shown = row["JobID"]
+    task = shown if ("_" in shown or "+" in shown) and JOB_ID.match(shown) else job_id
+    return row["AdminComment"], row["AllocTRES"], task
 
 
 def _run_slurm(command: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:

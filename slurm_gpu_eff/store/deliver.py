@@ -357,22 +357,23 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"],
                                  running=running)
 
-    def line(job_id: str, run: float, every: list[NodeSummary]) -> str:
-        current, tres = get_admin_comment(job_id, commands["sacct"])
+    def line(job_id: str, run: float, every: list[NodeSummary]) -> tuple[str, str]:
+        """The text to write, and the id to write it with (an array task's own)."""
+        current, tres, task = get_admin_comment(job_id, commands["sacct"])
         room = MAX_CHARS - len(with_site_text(current, ""))  # a site's own text counts too
         summaries = [s for s in every if run_of(s) == run]
         ours = admin_comment(summaries, allocated_gpus(tres) if tres else None, room,
                              earlier=[s for s in every if run_of(s) != run])
-        return with_site_text(current, ours)
+        return with_site_text(current, ours), task
 
     def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> None:
-        text = line(job_id, run, store.node_summaries(job_id, cluster))
-        if write(job_id, cluster, text) == "slurmdbd":
+        text, task = line(job_id, run, store.node_summaries(job_id, cluster))
+        if write(task, cluster, text) == "slurmdbd":
             # The job's end record may still be on its way to slurmdbd, carrying
             # slurmctld's older copy over ours: look again, and write once more.
             sleep(MIRROR_RECHECK_S)
-            if get_admin_comment(job_id, commands["sacct"])[0].lower() != text.lower():
-                write(job_id, cluster, text)
+            if get_admin_comment(task, commands["sacct"])[0].lower() != text.lower():
+                write(task, cluster, text)
         _forget(spool, cluster, job_id)
 
     def live(store: Store, cluster: str, job_id: str, run: float, spool: Spool, node: str) -> None:
@@ -382,7 +383,8 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
             return  # the job is ending, or another of its nodes mirrors it
         if not _due(spool, cluster, job_id, config.live_mirror_s, clock()):
             return
-        write(job_id, cluster, line(job_id, run, every), running=True)
+        text, task = line(job_id, run, every)
+        write(task, cluster, text, running=True)
 
     def mirror(store: Store, now: Delivery, spool: Spool, log: HookLog) -> None:
         ended = {(s.cluster, s.job_id, run_of(s)) for s in now.finals}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Cluster
+from .conftest import REPO, Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
 
@@ -82,9 +82,20 @@ def test_three_node_job_merges_nodes_and_says_which_part_is_missing(cluster: Clu
     text = cluster.gpueff(job, "bob").out
     assert text.count("gpu3 ") >= 2 and "n/a" in text
 
-    # One node's part goes missing (a lost delivery): the report names it.
+    # One node's part goes missing (a lost delivery): the report names it. Its figures
+    # then never reached the AdminComment either (the users' read path): write it again
+    # from the store as the deliverer would.
     assert cluster.store_execute("delete from node_summaries where job_id = ? and node = 'gpu2'",
                                  (job,)) == 1
+    remirror = ("import sys\nfrom slurm_gpu_eff.config import load_config\n"
+                "from slurm_gpu_eff.mirror import admin_comment\n"
+                "from slurm_gpu_eff.slurm import set_admin_comment\n"
+                "from slurm_gpu_eff.store import open_store\n"
+                "c = load_config()\nwith open_store(c.store_url) as store:\n"
+                "    s = store.node_summaries(sys.argv[1])\n"
+                "set_admin_comment(sys.argv[1], s[0].cluster, admin_comment(s, 6))\n")
+    done = cluster.run([str(REPO / ".venv" / "bin" / "python"), "-c", remirror, job])
+    assert done.code == 0, done.err
     data = cluster.gpueff(job, "bob", "--json").json()
     assert data["gpu_status"] == "partial" and data["missing_nodes"] == ["gpu2"]
     assert any("gpu2" in note and "missing" in note for note in data["notes"])

@@ -186,7 +186,7 @@ def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", database:
     store = (f'for a; do case $a in AdminComment=*) printf %s "${{a#AdminComment=}}" '
              f"| tr A-Z a-z > {tmp_path}/database;; esac; done\n") if kept else ""
     read = ('for a; do case $a in --delimiter=*) d=${a#--delimiter=};; esac; done\n'
-            f'printf "%s%s%s\\n" "$(cat {tmp_path}/database)" "$d" "{TRES}"\n')
+            f'printf "%s%s%s%s4242%s4242\\n" "$(cat {tmp_path}/database)" "$d" "{TRES}" "$d" "$d"\n')
     return Config(admin_comment=True, live_mirror_s=live_mirror_s,
                   scontrol=command("scontrol", answer(scontrol)),
                   sacctmgr=command("sacctmgr", answer(sacctmgr, store)), sacct=command("sacct", read))
@@ -208,7 +208,7 @@ def written(tmp_path: Path) -> str:
 
 LINE = ("gpueff1 status=complete nodes=2 gpus=2 util=50.0 gpu_util=90.0,10.0 idle=0 "
         "mem_peak=25.0 energy_kwh=0.500 alloc_gpus=2 figures=F")
-READ = "sacct -j 4242 -X -n -P --delimiter=D --format=AdminComment,AllocTRES"
+READ = "sacct -j 4242 -X -n -P --delimiter=D --format=AdminComment,AllocTRES,JobIDRaw,JobID"
 DATABASE = f"sacctmgr -i modify job where jobid=4242 cluster=gpueffdev set AdminComment={LINE}"
 
 
