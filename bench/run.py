@@ -379,10 +379,14 @@ def bench_report_vs_seff(runs: int = 7, jobs: int = 5) -> tuple[list[str], float
 
 @contextlib.contextmanager
 def flooding(env: dict[str, str], user: str, job: str, workers: int = 8):
-    """`user` asking gpueff (and so sacct) about `job` in a tight loop from `workers`
-    processes at once: the worst a user can do to the read path."""
+    """`user` asking gpueff (and so sacct and slurmdbd) about `job` in a tight loop from
+    `workers` processes at once: the worst a user can do to the read path. On a site they
+    run on a login node, not beside the epilogs: here they are held to one CPU (taskset),
+    or on a 2-core machine they would measure CPU starvation, not the read path."""
     loop = f"while :; do {GPUEFF} {job} >/dev/null 2>&1; done"
-    procs = [subprocess.Popen(as_user(env, user, "sh", "-c", loop), env=env, start_new_session=True)
+    pin = ["taskset", "-c", "0"] if (os.cpu_count() or 1) > 1 else []
+    procs = [subprocess.Popen([*pin, *as_user(env, user, "sh", "-c", loop)], env=env,
+                              start_new_session=True)
              for _ in range(workers)]
     try:
         time.sleep(1.0)
