@@ -144,24 +144,35 @@ def bench_epilog(root: Path, runs: int, site: StoreSite, down: bool) -> float:
     file locked by a reader; PostgreSQL: the server stopped): the epilog posts, starts
     the deliverer and returns; it must not wait on the store."""
     name = f"epilog-{site.engine}-{'down' if down else 'up'}"
-    env = setup(root / name, 1.0, site.config())
-    spool = root / name / "spool"
     site.create()  # the schema is there, as on a site whose store went away
-    times = []
     with site.down() if down else contextlib.nullcontext():
-        for run in range(runs):
-            job = {**env, "SLURM_JOB_ID": str(5000 + run)}
-            subprocess.run([PROLOG], env=job, check=True)
-            checkpoint = spool / "bench" / "jobs" / job["SLURM_JOB_ID"] / "summary.json"
-            deadline = time.monotonic() + 10
-            while not checkpoint.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            start = time.perf_counter()
-            subprocess.run([EPILOG], env=job, check=True)
-            times.append(time.perf_counter() - start)
-    if not settle([spool / "bench"]):
-        print(f"bench: {name}: summaries still wait in {spool}", file=sys.stderr)
+        times = epilog_times(root / name, site, runs, 5000)
+    if not settle([root / name / "spool" / "bench"]):  # the store is back: none left behind
+        print(f"bench: {name}: summaries still wait in {root / name / 'spool'}", file=sys.stderr)
     return statistics.median(times)
+
+
+def epilog_times(work: Path, site: StoreSite, runs: int, first_job: int,
+                 delivered: bool = False) -> list[float]:
+    """Wall times of `runs` jobs' epilogs on `site`'s store (each job's prolog starts its
+    sampler first): until the epilog returns, or with `delivered`, until its summary is in
+    the store."""
+    env = setup(work, 1.0, site.config())
+    spool = work / "spool" / "bench"
+    times = []
+    for run in range(runs):
+        job = {**env, "SLURM_JOB_ID": str(first_job + run)}
+        subprocess.run([PROLOG], env=job, check=True)
+        checkpoint = spool / "jobs" / job["SLURM_JOB_ID"] / "summary.json"
+        deadline = time.monotonic() + 10
+        while not checkpoint.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        start = time.perf_counter()
+        subprocess.run([EPILOG], env=job, check=True)
+        if delivered:
+            settle([spool], timeout=60)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def bench_delivery(root: Path, site: StoreSite, nodes: int = 25, per_node: int = 20,
@@ -400,23 +411,9 @@ def flooding(env: dict[str, str], user: str, job: str, workers: int = 8):
 
 def delivery_latency(root: Path, site: StoreSite, runs: int) -> float:
     """Median seconds from an epilog's start until its summary is in the store."""
-    name = f"latency-{site.engine}-{root.name}-{time.monotonic_ns()}"
-    env = setup(root / name, 1.0, site.config())
-    spool = root / name / "spool"
+    work = root / f"latency-{site.engine}-{time.monotonic_ns()}"
     site.create()
-    times = []
-    for run in range(runs):
-        job = {**env, "SLURM_JOB_ID": str(7000 + run)}
-        subprocess.run([PROLOG], env=job, check=True)
-        checkpoint = spool / "bench" / "jobs" / job["SLURM_JOB_ID"] / "summary.json"
-        deadline = time.monotonic() + 10
-        while not checkpoint.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        start = time.perf_counter()
-        subprocess.run([EPILOG], env=job, check=True)
-        settle([spool / "bench"], timeout=60)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(epilog_times(work, site, runs, 7000, delivered=True))
 
 
 def bench_flood(root: Path, site: StoreSite, runs: int = 5) -> tuple[float, float, float, float] | str:
