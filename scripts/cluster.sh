@@ -322,7 +322,7 @@ EOF
 
 # The [store] keys for $STORE: the SQLite file, or the private PostgreSQL server's URLs
 # (writers: role gpueff over TCP, its password in root's $PG_DIR/pgpass; admins' reads:
-# role gpueff_read on the Unix socket, its password readable by the admin group). Users
+# role gpueff_read on the Unix socket, peer authentication for root and the admin group). Users
 # read their figures through sacct (the AdminComment), never the store.
 store_settings() {
   local url read_url

@@ -7,8 +7,8 @@
 #   pg.sh status DIR       "running (port N)" (exit 0) or "stopped" (exit 3)
 #   pg.sh destroy DIR      stop it and remove DIR
 #   pg.sh url DIR          the writers' URL (role gpueff, password in DIR/pgpass, TCP)
-#   pg.sh read-url DIR     the admins' read-only URL (role gpueff_read, the Unix socket,
-#                          its password in DIR/read-pgpass: root and $GPUEFF_PG_READ_GROUP)
+#   pg.sh read-url DIR     the admins' read-only URL (role gpueff_read, the Unix socket:
+#                          peer authentication, root and $GPUEFF_PG_READ_GROUP's members)
 #
 # Layout: DIR (root, 0755) holds port, pgpass (root, 0600), server.log, socket/
 # (postgres, 0755: unix_socket_directories) and data/ (postgres, 0700). The server runs
@@ -17,10 +17,11 @@
 # /var/run/postgresql, no pg_ctlcluster): everything is under DIR.
 #
 # Database gpueff, owned by role gpueff (LOGIN, random password, scram-sha-256): the
-# store engine's migrations create the tables as gpueff. Role gpueff_read (LOGIN, random
-# password, scram-sha-256) may connect and SELECT every table gpueff creates (default
-# privileges): admins' reads. Users never read the store (docs/security.md): its password
-# is in DIR/read-pgpass, 0640 root:$GPUEFF_PG_READ_GROUP (root when unset).
+# store engine's migrations create the tables as gpueff. Role gpueff_read (LOGIN, no
+# password) may connect and SELECT every table gpueff creates (default privileges):
+# admins' reads. Users never read the store (docs/security.md): only root and the members
+# of $GPUEFF_PG_READ_GROUP (listed at every start) log in as it, by peer authentication on
+# the socket (pg_ident.conf). A passfile for a group would not do: libpq refuses it.
 set -euo pipefail
 
 # runuser and the like live in sbin, which a non-login root shell may not have on PATH.
@@ -138,11 +139,19 @@ local   all       postgres                    peer
 # the writers (the hooks' deliverers, root: the password is in $PGPASS, root's alone)
 local   gpueff    gpueff                      scram-sha-256
 host    gpueff    gpueff       127.0.0.1/32   scram-sha-256
-# the admins' reads (its password in $READPASS: root and the admin group only)
-local   gpueff    gpueff_read                 scram-sha-256
+# the admins' reads: root and the admin group's members, as themselves on the socket
+local   gpueff    gpueff_read                 peer map=admins
 EOF
-  chown postgres:postgres "$DATA/gpueff.conf" "$DATA/pg_hba.conf"
-  chmod 0600 "$DATA/gpueff.conf" "$DATA/pg_hba.conf"
+  local member
+  {
+    echo "# Written by scripts/pg.sh at every start: who may read as gpueff_read."
+    echo "admins  root  gpueff_read"
+    for member in $(getent group "${GPUEFF_PG_READ_GROUP:-root}" | cut -d: -f4 | tr , ' '); do
+      echo "admins  $member  gpueff_read"
+    done
+  } >"$DATA/pg_ident.conf"
+  chown postgres:postgres "$DATA/gpueff.conf" "$DATA/pg_hba.conf" "$DATA/pg_ident.conf"
+  chmod 0600 "$DATA/gpueff.conf" "$DATA/pg_hba.conf" "$DATA/pg_ident.conf"
 }
 
 psql_postgres() {
@@ -154,23 +163,19 @@ psql_postgres() {
 # Roles, database and grants; idempotent, so they run at every start. The password
 # goes on stdin (never on a command line, where ps shows it).
 setup_roles() {
-  local password read_password port
+  local password port
   port=$(port_of)
   if [ -s "$PGPASS" ]; then
     password=$(head -n 1 "$PGPASS" | cut -d: -f5)
   else
     password=$(random_password)
   fi
-  if [ -s "$READPASS" ]; then
-    read_password=$(head -n 1 "$READPASS" | cut -d: -f5)
-  else
-    read_password=$(random_password)
-  fi
+
   psql_postgres postgres >>"$LOGFILE" 2>&1 <<EOF || die_with_log "could not create the roles and the database"
 SELECT 'CREATE ROLE gpueff' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gpueff') \gexec
 SELECT 'CREATE ROLE gpueff_read' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gpueff_read') \gexec
 ALTER ROLE gpueff WITH LOGIN PASSWORD '$password';
-ALTER ROLE gpueff_read WITH LOGIN PASSWORD '$read_password';
+ALTER ROLE gpueff_read WITH LOGIN PASSWORD NULL;
 SELECT 'CREATE DATABASE gpueff OWNER gpueff' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'gpueff') \gexec
 REVOKE ALL ON DATABASE gpueff FROM PUBLIC;
 GRANT CONNECT ON DATABASE gpueff TO gpueff_read;
@@ -186,10 +191,7 @@ EOF
   printf '127.0.0.1:%s:gpueff:gpueff:%s\n%s:%s:gpueff:gpueff:%s\n' \
     "$port" "$password" "$SOCKET" "$port" "$password" >"$tmp"
   mv -f "$tmp" "$PGPASS"
-  tmp=$(mktemp "$READPASS.XXXXXX")
-  chgrp "${GPUEFF_PG_READ_GROUP:-root}" "$tmp" && chmod 0640 "$tmp"
-  printf '%s:%s:gpueff:gpueff_read:%s\n' "$SOCKET" "$port" "$read_password" >"$tmp"
-  mv -f "$tmp" "$READPASS"
+  rm -f "$READPASS"  # an older version's: admins now read by peer authentication
 }
 
 accepting() { "$BIN/pg_isready" -q -h "$SOCKET" -p "$(port_of)" -d postgres -U postgres; }
@@ -278,7 +280,7 @@ main() {
   status) cmd_status ;;
   destroy) cmd_destroy ;;
   url) echo "postgresql://gpueff@127.0.0.1:$(port_of)/gpueff?passfile=$PGPASS" ;;
-  read-url) echo "postgresql://gpueff_read@/gpueff?host=$SOCKET&port=$(port_of)&passfile=$READPASS" ;;
+  read-url) echo "postgresql://gpueff_read@/gpueff?host=$SOCKET&port=$(port_of)" ;;
   *) usage ;;
   esac
 }
