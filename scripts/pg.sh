@@ -142,11 +142,15 @@ host    gpueff    gpueff       127.0.0.1/32   scram-sha-256
 # the admins' reads: root and the admin group's members, as themselves on the socket
 local   gpueff    gpueff_read                 peer map=admins
 EOF
-  local member
+  local member group
+  # The group is remembered: a later start without it (a test taking the server down and
+  # up again) keeps the admins' access.
+  group=${GPUEFF_PG_READ_GROUP:-$(cat "$DIR/read-group" 2>/dev/null || echo root)}
+  echo "$group" >"$DIR/read-group"
   {
     echo "# Written by scripts/pg.sh at every start: who may read as gpueff_read."
     echo "admins  root  gpueff_read"
-    for member in $(getent group "${GPUEFF_PG_READ_GROUP:-root}" | cut -d: -f4 | tr , ' '); do
+    for member in $(getent group "$group" | cut -d: -f4 | tr , ' '); do
       echo "admins  $member  gpueff_read"
     done
   } >"$DATA/pg_ident.conf"
