@@ -4,6 +4,7 @@ copies, a job whose line was not written). Both give mirror.digest(): one report
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -108,6 +109,4 @@ def from_store_alone(job_id: str, read_store: Callable[[], Store]) -> Figures | 
 
 
 def _local(epoch: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(epoch)))
