@@ -51,7 +51,9 @@ def test_a_user_reads_their_own_job_through_slurm_and_not_another_s(
     other = cluster.gpueff(jobs["bob"], "alice", "--json")
     assert other.code == NOT_PERMITTED, other.err
     assert other.out == "" and "not among the jobs Slurm lets you see" in other.err
-    assert "chem" not in other.err and "73" not in other.err
+    # No word of bob's job beyond its id: not his account, not the 73% it ran at.
+    told = other.err.replace(jobs["bob"], "JOB")
+    assert "chem" not in told and "bob" not in told and "73" not in told and "%" not in told
     # Nor through Slurm itself: sacct shows alice nothing of bob's job.
     assert cluster.run(["sacct", "-j", jobs["bob"], "-X", "-n", "-P", "--format=User,AdminComment"],
                        user="alice").out.strip() == ""
