@@ -360,6 +360,11 @@ admin_group = $ADMIN_GROUP
 file = $LOG/gpueff-%n.log
 [slurm]
 live_mirror_s = 5
+[report]
+price_per_kwh = 0.25
+currency = EUR
+co2_g_per_kwh = 350
+median_file = $DIR/public/cluster-median.json
 EOF
 }
 

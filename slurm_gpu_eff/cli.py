@@ -7,6 +7,7 @@ unless --debug is given.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from functools import partial
@@ -29,7 +30,8 @@ def report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpueff",
         description="GPU efficiency of a Slurm job: seff's figures plus what its GPUs did.",
-        epilog="Also: 'gpueff spool status' says what waits in a node's spool and why; "
+        epilog="Also: 'gpueff report' shows GPU usage over a period (admins; --me: your own); "
+               "'gpueff spool status' says what waits in a node's spool and why; "
                "'gpueff spool flush' delivers it to the store now.",
     )
     parser.add_argument("job_id", metavar="JOBID", help="job id, e.g. 1234 or 1234_7")
@@ -50,6 +52,38 @@ def spool_parser(prog: str = "gpueff spool") -> argparse.ArgumentParser:
         parser.add_argument("action", choices=("status", "flush"))
     parser.add_argument("--node", default=os.uname().nodename.split(".")[0],
                         help="node whose spool to deliver (default: this host)")
+    _common(parser)
+    return parser
+
+
+def usage_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="gpueff report",
+        description="GPU usage over a period: GPU-hours allocated, used and wasted, coverage, "
+                    "energy, cost and hints, by group (admins: it reads the store). --me: your "
+                    "own jobs, through Slurm's accounting (any user).",
+    )
+    parser.add_argument("--since", default="now-7days", help="start (as sacct -S: 2026-11-01, "
+                        "2026-11-01T08:00:00, now-7days; default now-7days)")
+    parser.add_argument("--until", default="now", help="end (as sacct -E; default now)")
+    parser.add_argument("--by", action="append", default=[], metavar="KEY[,KEY]",
+                        help="group by user, account, partition, node, gpu-model, day, week or "
+                             "month; several at once (default user)")
+    for name in ("user", "account", "partition"):
+        parser.add_argument(f"--{name}", action="append", default=[], metavar=name.upper(),
+                            help=f"only this {name} (several: repeat or comma-separate)")
+    parser.add_argument("--min-gpu-hours", type=float, default=0.0, metavar="H",
+                        help="leave out groups with fewer allocated GPU-hours")
+    parser.add_argument("--top", type=int, default=None, metavar="N",
+                        help="the N most wasteful jobs with their main hint (html: 10)")
+    parser.add_argument("--trend", action="store_true",
+                        help="per user: efficiency per week, before / after each first warning")
+    parser.add_argument("--me", action="store_true", help="your own jobs only, whatever else is asked")
+    parser.add_argument("--format", choices=("text", "csv", "json", "html"), default="text")
+    parser.add_argument("--no-sync", action="store_true",
+                        help="use the accounting already in the store (no sacct call)")
     _common(parser)
     return parser
 
@@ -90,6 +124,121 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None) -> str:
         parts = [(f.job, f.summaries, f.unavailable) for f in found]
         report = build_group(args.job_id, parts, settings)
     return render_json(report) if args.json else render_text(report)
+
+
+def cmd_usage(args: argparse.Namespace) -> str:
+    import time
+
+    from .report.usage import Period, UsageQuery
+
+    config = load_config(args.config)
+    now = time.time()
+    period = Period.parse(args.since, args.until, now)
+    if args.me:
+        return _mine(config, period, args.format)
+    query = UsageQuery(
+        period, by=tuple(_listed(args.by) or ["user"]), users=tuple(_listed(args.user)),
+        accounts=tuple(_listed(args.account)), partitions=tuple(_listed(args.partition)),
+        min_gpu_hours=args.min_gpu_hours, trend=args.trend, charts=args.format == "html",
+        top=args.top if args.top is not None else (10 if args.format == "html" else 0),
+        price_per_kwh=config.price_per_kwh, currency=config.currency, co2_g_per_kwh=config.co2_g_per_kwh,
+    )
+    from .report.render import render_usage
+
+    return render_usage(_usage(config, query, now, sync=not args.no_sync), args.format)
+
+
+def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
+    from .report.hints import HintSettings
+    from .report.usage import cluster_median, sacct_time, usage_report
+    from .report.usage import sync as sync_usage
+    from .slurm import period_jobs
+    from .store import open_store
+    from .store.usage import last_sync
+
+    writer = os.geteuid() == 0 and sync
+    try:
+        store = (open_store(config.store_url, admin_group=config.store_admin_group) if writer
+                 else open_store(config.store_read_url, readonly=True))
+    except GpuEffError as exc:
+        if os.geteuid() != 0 and "ermission denied" in str(exc):
+            raise NotPermitted("gpueff report reads the store, which is the admins' (root and the "
+                               "[store] admin_group): 'gpueff report --me' shows your own jobs") from exc
+        raise
+    notes = []
+    with store:
+        period = query.period
+        if writer:
+            _progress(f"asking Slurm's accounting for jobs from {sacct_time(period.since)} "
+                      f"to {sacct_time(period.until)}...")
+            jobs = period_jobs(sacct_time(period.since), sacct_time(period.until), config.sacct)
+            done = sync_usage(store, jobs, period, partial(_read_store, config.store_read_url),
+                              HintSettings.from_config(config.hints), now,
+                              lambda n, total: _progress(f"figures of {n} of {total} runs updated"))
+            _progress("")
+            notes += done.notes
+            _publish(config.median_file, cluster_median(store, period))
+        else:
+            last = last_sync(store)
+            notes.append("the accounting in the store is as root's last `gpueff report` left it: "
+                         + (f"{sacct_time(last['at'])}, for {sacct_time(last['since'])} to "
+                            f"{sacct_time(last['until'])}" if last else "never"))
+        data = usage_report(store, query)
+    data["notes"] = notes
+    return data
+
+
+def _mine(config: Any, period: Any, form: str) -> str:
+    import json
+    import pwd
+
+    from .report.hints import HintSettings
+    from .report.render import render_mine
+    from .report.usage import my_report, sacct_time
+    from .slurm import period_jobs
+
+    if form == "html":
+        raise GpuEffError("--me comes as text, csv or json")
+    user = pwd.getpwuid(os.getuid()).pw_name
+    _progress("asking Slurm's accounting for your jobs...")
+    jobs = period_jobs(sacct_time(period.since), sacct_time(period.until), config.sacct, user=user)
+    _progress("")
+    jobs = [j for j in jobs if j.user == user]  # Slurm's answer, held to the question
+    try:
+        with open(config.median_file, encoding="utf-8") as published:
+            median = json.load(published)
+    except (OSError, ValueError):
+        median = None
+    data = my_report(jobs, period, partial(_read_store, config.store_read_url),
+                     HintSettings.from_config(config.hints), median if isinstance(median, dict) else None)
+    return render_mine(data, form)
+
+
+def _publish(path: str, median: dict[str, Any]) -> None:
+    """The cluster's median for users' --me: written whole or not at all, readable by all."""
+    import json
+
+    part = f"{path}.{os.getpid()}.part"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(part, "w", encoding="utf-8") as out:
+            os.fchmod(out.fileno(), 0o644)
+            json.dump(median, out)
+        os.replace(part, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+
+
+def _listed(values: list[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _progress(text: str) -> None:
+    """Long work says where it is on a terminal, and nothing when stderr is piped."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\x1b[K{text}" if text else "\r\x1b[K")
+        sys.stderr.flush()
 
 
 def _read_store(url: str) -> Any:
@@ -144,7 +293,7 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
     """The report's sacct, started before anything else loads (argparse included): slurmdbd
     answers while gpueff starts. None when argv is not a plain report, or anything is
     amiss: the normal path then says what."""
-    if not argv or argv[0] in ("spool", "deliver") or argv[0].startswith("-"):
+    if not argv or argv[0] in ("spool", "deliver", "report") or argv[0].startswith("-"):
         return None
     config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
     config = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config)
@@ -161,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     early = early_sacct(argv)
     if argv[:1] == ["deliver"]:
         parser, command, argv = spool_parser("gpueff deliver"), cmd_spool, argv[1:]
+    elif argv[:1] == ["report"]:
+        parser, command, argv = usage_parser(), cmd_usage, argv[1:]
     elif argv[:1] == ["spool"]:
         parser, command, argv = spool_parser(), cmd_spool, argv[1:]
     else:

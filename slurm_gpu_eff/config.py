@@ -73,6 +73,14 @@ class Config:
         live_mirror_s: float = 300.0,
         scontrol: str = "scontrol",
         sacctmgr: str = "sacctmgr",
+        # Usage reports: the price of a kWh (in `currency`) and the grid's carbon intensity
+        # (g CO2 per kWh) turn GPU energy into cost and CO2; None: those columns stay empty.
+        price_per_kwh: float | None = None,
+        currency: str = "",
+        co2_g_per_kwh: float | None = None,
+        # Where root's `gpueff report` publishes the cluster's median efficiency (an
+        # aggregate, world-readable) that `gpueff report --me` sets a user's own against.
+        median_file: str = "/var/lib/slurm-gpu-eff/cluster-median.json",
         hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
@@ -104,6 +112,10 @@ class Config:
         self.live_mirror_s = live_mirror_s
         self.scontrol = scontrol
         self.sacctmgr = sacctmgr
+        self.price_per_kwh = price_per_kwh
+        self.currency = currency
+        self.co2_g_per_kwh = co2_g_per_kwh
+        self.median_file = median_file
         # [hints] as written: the hints module knows its rules and checks these itself.
         self.hints: dict[str, str] = dict(hints or {})
 
@@ -151,6 +163,10 @@ _KEYS = [
     ("slurm", "live_mirror_s", "live_mirror_s", float),
     ("slurm", "scontrol", "scontrol", str),
     ("slurm", "sacctmgr", "sacctmgr", str),
+    ("report", "price_per_kwh", "price_per_kwh", float),
+    ("report", "currency", "currency", str),
+    ("report", "co2_g_per_kwh", "co2_g_per_kwh", float),
+    ("report", "median_file", "median_file", str),
 ]
 
 _BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,

@@ -47,6 +47,7 @@ class SlurmJob:
     max_rss_bytes: int | None
     gpus: int
     admin_comment: str = ""  # where mirror.py keeps the job's GPU figures
+    alloc_tres: str = ""  # when sacct was asked for it (usage reports: the GPU model)
 
     @property
     def running(self) -> bool:
@@ -245,6 +246,7 @@ def job_from_rows(job_id: str, rows: list[dict[str, str]]) -> SlurmJob:
         nodelist=main["NodeList"], total_cpu_s=parse_duration(main["TotalCPU"]),
         alloc_mem_bytes=requested_memory(main["ReqMem"], nnodes, ncpus),
         max_rss_bytes=peak_memory(steps), gpus=gpus, admin_comment=main["AdminComment"],
+        alloc_tres=main.get("AllocTRES", ""),
     )
 
 
@@ -270,6 +272,24 @@ def peak_memory(steps: list[dict[str, str]]) -> int | None:
             tasks = step.get("NTasks", "")
             peak = (rss, int(tasks) if tasks.isascii() and tasks.isdigit() and int(tasks) > 0 else 1)
     return None if peak is None else peak[0] * peak[1]
+
+
+def period_jobs(since: str, until: str, sacct: str = "sacct", user: str | None = None) -> list[SlurmJob]:
+    """Every job run (allocations; each run of a requeued job) in Slurm's accounting that
+    was pending or running between since and until (sacct's -S / -E forms), of every user
+    the caller may see, or of `user` alone. One sacct call; AllocTRES for the GPU model."""
+    delimiter = fresh_delimiter()
+    fields = (*FIELDS, "AllocTRES")
+    who = ["-u", user] if user else ["-a"]
+    done = _run_slurm([sacct, *who, "-X", "-D", "-P", "-n", f"--delimiter={delimiter}", "-S", since,
+                       "-E", until, "--format=" + ",".join(fields)], PERIOD_TIMEOUT_S)
+    if done.returncode != 0:
+        raise SlurmError(f"sacct failed: {_said(done)}")
+    rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
+    return [job_from_rows(row["JobID"], [row]) for row in rows]
+
+
+PERIOD_TIMEOUT_S = 600  # a month of a busy cluster's accounting is a slow query
 
 
 def get_job(job_id: str, sacct: str = "sacct", scontrol: str = "scontrol") -> SlurmJob:

@@ -121,7 +121,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(
         clean=clean, pct=pct, fraction=fraction, gib=gib, size=size, hms=hms, watts=watts,
-        joules=joules, clocktime=clocktime, evidence=evidence,
+        joules=joules, clocktime=clocktime, evidence=evidence, aligned=aligned, num=num,
     )
     return env
 
@@ -136,3 +136,99 @@ def render_text(report: JobReport | GroupReport) -> str:
 
 def render_json(report: JobReport | GroupReport) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
+
+
+# -- usage reports (report/usage.py's objects) ----------------------------------------------
+
+# (column, heading, digits) of a usage table, after the grouping keys
+USAGE_COLUMNS = (
+    ("jobs", "JOBS", 0), ("gpu_hours_allocated", "GPU-H", 1), ("gpu_hours_used", "USED", 1),
+    ("efficiency_pct", "EFF%", 1), ("gpu_hours_wasted", "WASTED", 1),
+    ("gpu_hours_idle_gpus", "IDLE-GPU-H", 1), ("jobs_with_idle_gpu", "IDLE-JOBS", 0),
+    ("sm_efficiency_pct", "SM%", 1), ("mem_peak_median_pct", "MEM-P50%", 0),
+    ("mem_peak_p90_pct", "MEM-P90%", 0), ("energy_kwh", "KWH", 1), ("cost", "COST", 2),
+    ("co2_kg", "CO2-KG", 1), ("coverage_pct", "COVER%", 1), ("partial_pct", "PART%", 1),
+    ("missing_pct", "MISS%", 1),
+)
+
+
+def num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) or digits:
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def aligned(rows: list[list[str]], left: int = 1) -> list[str]:
+    """Rows of cells (the first row: headings) as lines of aligned columns: the first
+    `left` columns to the left, figures to the right."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i < left else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip() for r in rows]
+
+
+def usage_rows(data: dict[str, Any], groups: list[dict[str, Any]], totals: bool = True) -> list[list[str]]:
+    keys = data["by"]
+    head = [k.upper().replace("_", "-") for k in keys] + [h for _, h, _ in USAGE_COLUMNS] + ["TOP HINTS"]
+    rows = [head]
+    for g in ([*groups, {**data["totals"], **{k: "TOTAL" if i == 0 else "" for i, k in enumerate(keys)}}]
+              if totals else groups):
+        hints = ", ".join(f"{h['rule']} ({h['jobs']})" for h in g["top_hints"])
+        rows.append([clean(g.get(k) if g.get(k) is not None else "-") for k in keys]
+                    + [num(g[c], d) for c, _, d in USAGE_COLUMNS] + [hints or "-"])
+    return rows
+
+
+def render_usage(data: dict[str, Any], form: str = "text") -> str:
+    if form == "json":
+        return json.dumps(data, indent=2) + "\n"
+    if form == "csv":
+        return _usage_csv(data)
+    name = "usage.html.j2" if form == "html" else "usage.txt.j2"
+    return _environment().get_template(name).render(d=data, rows=usage_rows(data, data["groups"]),
+                                                     columns=USAGE_COLUMNS)
+
+
+def render_mine(data: dict[str, Any], form: str = "text") -> str:
+    if form == "json":
+        return json.dumps(data, indent=2) + "\n"
+    if form == "csv":
+        return _csv(["job_id", "name", "state", "start", "gpus", "gpu_hours_allocated", "efficiency_pct",
+                     "figures", "verdict", "main_hint"], data["jobs"])
+    return _environment().get_template("mine.txt.j2").render(d=data)
+
+
+def _usage_csv(data: dict[str, Any]) -> str:
+    keys = data["by"]
+    columns = [*keys, *(c for c, _, _ in USAGE_COLUMNS), "gpu_hours_measured", "sampled_pct", "top_hints"]
+    rows = [{**g, "top_hints": ";".join(f"{h['rule']}={h['jobs']}" for h in g["top_hints"])}
+            for g in data["groups"]]
+    return _csv(columns, rows)
+
+
+def _csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        # A cell a spreadsheet would run as a formula (a hostile job name) is quoted as text.
+        writer.writerow([_cell(row.get(c)) for c in columns])
+    return out.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return round(value, 4)
+    text = clean(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@") and not _NUMBER.match(text) else text
+
+
+_NUMBER = re.compile(r"^[+-]?\d+(\.\d+)?$")

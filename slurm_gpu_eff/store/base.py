@@ -18,11 +18,40 @@ from ..model import GpuSummary, NodeSummary
 
 # The schema's versions, oldest first: each engine has a migration of each name, and a
 # store holding a name not here was migrated by a newer slurm-gpu-eff.
-SCHEMA = ("m001_summaries", "m002_mig_slices_apart", "m003_runs_apart")
+SCHEMA = ("m001_summaries", "m002_mig_slices_apart", "m003_runs_apart", "m004_usage")
 MIGRATION_SET = "slurm-gpu-eff"
 
 NODE_KEY = ("cluster", "job_id", "node", "run")
 GPU_KEY = (*NODE_KEY, "minor", "mig_gi_id")
+
+# The usage tables (issue 10): one row per GPU job run from Slurm's accounting (`usage`)
+# and one per job run and node (`usage_nodes`, for reports by node), each with the
+# figures `gpueff JOBID` gives it, so that a usage report over a period is one grouped
+# scan (store/usage.py). Seconds, not hours: sums stay exact. Filled by the report's sync.
+USAGE_KEY = ("cluster", "job_id", "start_at")
+USAGE_COLUMNS: dict[str, type] = {
+    "cluster": str, "job_id": str,
+    "start_at": int,  # the allocation's start (epoch s): a requeued job's runs stay apart
+    "end_at": float,  # start_at + elapsed (a running job: when it was last synced)
+    "running": int, "user": str, "account": str, "partition": str, "state": str,
+    "gpu_model": str, "gpus": int,  # allocated (on this node, in usage_nodes)
+    # Where the figures stand: complete, partial (cut short, or a live copy), missing
+    # (the node said why), none (no summary at all: the monitoring never saw it).
+    "figures": str,
+    "measured_gpus": int,  # GPUs with a utilisation figure
+    "used_gpu_s": float,  # sum over measured GPUs of utilisation x elapsed, as gpueff JOBID
+    "idle_gpus": int, "sm_gpus": int, "sm_used_gpu_s": float,  # GPM: SM activity x elapsed
+    "mem_peak_pct": float,  # the highest GPU memory peak, in % of its device
+    "energy_j": float, "sampled_gpu_s": float,
+    **{f"util_h{i}": float for i in range(10)},  # GPU-seconds sampled in 0-10%, ..., 90-100%
+    "hint_mask": int,  # warning and critical hints, one bit each (HINT_BITS)
+    "main_hint": str, "main_severity": str, "main_message": str,
+}
+USAGE_NODE_KEY = (*USAGE_KEY, "node")
+# A rule's bit in hint_mask: append only, never reorder (stored masks keep their meaning).
+HINT_BITS = ("idle_gpus", "low_util", "falsely_busy", "tensor_cores_unused", "memory_bound",
+             "gpu_memory", "pcie_bound", "nvlink_bound", "spread_nodes", "cpu_side", "time_limit",
+             "short_job", "hardware")
 
 
 class Store(ABC):
@@ -38,6 +67,17 @@ class Store(ABC):
     @abstractmethod
     def node_summaries(self, job_id: str, cluster: str | None = None) -> list[NodeSummary]:
         """A job's node summaries, every run, by run then node."""
+
+    dialect: str  # "sqlite" or "postgresql": how its SQL differs (store/usage.py)
+
+    @abstractmethod
+    def read(self, text: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+        """Rows of a query written with `:name` parameters (store/usage.py)."""
+
+    @abstractmethod
+    def put_usage(self, job_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]],
+                  sync: dict[str, Any]) -> None:
+        """Replace these runs' usage rows (per job, per node) and record the sync, at once."""
 
     @abstractmethod
     def close(self) -> None: ...

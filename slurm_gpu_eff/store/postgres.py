@@ -14,6 +14,8 @@ transactional, so a migration is all or nothing).
 from __future__ import annotations
 
 import json
+import os
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -21,7 +23,19 @@ from psycopg import sql
 
 from ..errors import SpoolError, StoreError, StoreRejected
 from ..model import NodeSummary
-from .base import MIGRATION_SET, NODE_KEY, SCHEMA, Store, gpu_rows, node_row, run_of, shown_url
+from .base import (
+    MIGRATION_SET,
+    NODE_KEY,
+    SCHEMA,
+    USAGE_COLUMNS,
+    USAGE_KEY,
+    USAGE_NODE_KEY,
+    Store,
+    gpu_rows,
+    node_row,
+    run_of,
+    shown_url,
+)
 
 CONNECT_TIMEOUT_S = 10
 # A statement waits this long for a lock or runs this long at most: a deliverer gives up
@@ -29,6 +43,14 @@ CONNECT_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_MS = 30_000
 # pg_advisory_xact_lock key for migrations: any constant; this one spells "gpueff".
 MIGRATION_LOCK = 0x677075656666
+
+_PG_TYPES = {str: "text", int: "bigint", float: "double precision"}
+
+
+def _create(table: str, columns: dict[str, type], key: tuple[str, ...]) -> str:
+    listed = ", ".join(f'"{name}" {_PG_TYPES[kind]}' for name, kind in columns.items())
+    return f"create table {table} ({listed}, primary key ({', '.join(key)}))"
+
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
     ("m001_summaries", [
@@ -62,6 +84,15 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "alter table gpus drop constraint gpus_pkey",
         "alter table gpus add primary key (cluster, job_id, node, run, minor, mig_gi_id)",
     ]),
+    # Usage reports: each GPU job run from Slurm's accounting with its figures (base.py).
+    ("m004_usage", [
+        _create("usage", USAGE_COLUMNS, USAGE_KEY),
+        _create("usage_nodes", {**USAGE_COLUMNS, "node": str}, USAGE_NODE_KEY),
+        "create index usage_end_at on usage (end_at)",
+        "create index usage_nodes_end_at on usage_nodes (end_at)",
+        """create table usage_syncs (cluster text, since double precision,
+            until double precision, at double precision, jobs bigint)""",
+    ]),
 ]
 
 # Which of two summaries of one (cluster, job, node, run) is kept: base.newer, in SQL.
@@ -72,6 +103,8 @@ NEWER = """case when (old.status <> 'running') <> (excluded.status <> 'running')
 
 
 class PostgresStore(Store):
+    dialect = "postgresql"
+
     def __init__(self, url: str, readonly: bool = False) -> None:
         self.where, self.readonly = shown_url(url), readonly
         try:
@@ -82,6 +115,7 @@ class PostgresStore(Store):
         try:
             self.conn.execute(f"set statement_timeout = {STATEMENT_TIMEOUT_MS}")
             self.conn.execute(f"set lock_timeout = {STATEMENT_TIMEOUT_MS}")
+            self._local_time()
             applied = self._applied()
             self._check_not_newer(applied)
             if readonly:  # the server refuses any write on this session, whatever the role
@@ -94,6 +128,19 @@ class PostgresStore(Store):
         except StoreError:
             self.conn.close()
             raise
+
+    def _local_time(self) -> None:
+        """Days and weeks in reports are this host's, as SQLite's 'localtime' gives them."""
+        zone = os.environ.get("TZ", "").lstrip(":")
+        if not zone:
+            path = os.path.realpath("/etc/localtime")
+            zone = path.split("/zoneinfo/", 1)[1] if "/zoneinfo/" in path else ""
+        if zone:
+            try:
+                with self.conn.transaction():
+                    self.conn.execute("select set_config('TimeZone', %s, false)", (zone,))
+            except psycopg.Error:
+                pass  # a zone PostgreSQL does not know: the server's own
 
     def _applied(self) -> list[str]:
         if self.conn.execute("select to_regclass('gpueff_migrations')").fetchone() == (None,):
@@ -163,6 +210,38 @@ class PostgresStore(Store):
         except (ValueError, SpoolError) as exc:  # a row someone edited or truncated
             raise StoreError(f"store {self.where} holds a corrupt summary of job {job_id}: {exc}") from exc
 
+    def read(self, text: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+        from .usage import placeholders_for
+
+        try:
+            cursor = self.conn.execute(placeholders_for(self.dialect, text), args)
+            names = [c.name for c in cursor.description or []]
+            return [dict(zip(names, map(_plain, row), strict=True)) for row in cursor.fetchall()]
+        except psycopg.errors.UndefinedTable as exc:
+            raise StoreError(f"the store {self.where} has no usage tables yet: a writer's "
+                             "`gpueff report` (root) makes them") from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read store {self.where}: {_first_line(exc)}") from exc
+
+    def put_usage(self, job_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]],
+                  sync: dict[str, Any]) -> None:
+        if self.readonly:
+            raise StoreError(f"cannot write to store {self.where}: it was opened read-only")
+        from .usage import write_rows
+
+        try:
+            with self.conn.transaction(), self.conn.cursor() as cursor:
+                for table, key, rows in write_rows(job_rows, node_rows):
+                    if not rows:
+                        continue
+                    keys = {tuple(r[k] for k in key[:3]) for r in rows}
+                    cursor.executemany(sql.SQL("delete from {} where {}").format(
+                        sql.Identifier(table), _match(key[:3])), list(keys))
+                    cursor.executemany(_insert(table, list(rows[0])), [list(r.values()) for r in rows])
+                cursor.execute(_insert("usage_syncs", list(sync)), list(sync.values()))
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot write to store {self.where}: {_first_line(exc)}") from exc
+
     def close(self) -> None:
         self.conn.close()
 
@@ -185,6 +264,13 @@ def _insert(table: str, columns: list[str]) -> sql.Composed:
 
 def _match(columns: tuple[str, ...]) -> sql.Composed:
     return sql.SQL(" and ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
+
+
+def _plain(value: Any) -> Any:
+    """PostgreSQL sums integers as numeric (Decimal in Python): as SQLite gives them."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
 
 
 def _first_line(exc: BaseException) -> str:

@@ -23,6 +23,8 @@ from .base import MIGRATION_SET, NODE_KEY, SCHEMA, Store, gpu_rows, newer, node_
 
 
 class SqliteStore(Store):
+    dialect = "sqlite"
+
     def __init__(self, path: str, readonly: bool = False, admin_group: str = "") -> None:
         self.path, self.readonly, self.where = path, readonly, path
         try:
@@ -137,6 +139,44 @@ class SqliteStore(Store):
         except (ValueError, TypeError, SpoolError) as exc:  # a row someone edited or truncated
             raise StoreError(f"store {self.path} holds a corrupt summary of job {job_id}: {exc}") from exc
 
+    def read(self, text: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            cursor = self.conn.execute(text, args)
+            names = [c[0] for c in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                raise StoreError(f"the store {self.path} has no usage tables yet: a writer's "
+                                 "`gpueff report` (root) makes them") from exc
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
+
+    def put_usage(self, job_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]],
+                  sync: dict[str, Any]) -> None:
+        if self.readonly:
+            raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
+        from .usage import write_rows
+
+        conn = self.conn
+        try:
+            with self._writing():
+                conn.execute("begin immediate")
+                try:
+                    for table, key, rows in write_rows(job_rows, node_rows):
+                        where = " and ".join(f'"{k}" = ?' for k in key[:3])
+                        conn.executemany(f"delete from {table} where {where}",
+                                         {tuple(r[k] for k in key[:3]) for r in rows})
+                        _insert(conn, table, rows)
+                    _insert(conn, "usage_syncs", [sync])
+                    conn.execute("commit")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("rollback")
+                    raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
+
     def close(self) -> None:
         self.conn.close()
 
@@ -205,8 +245,9 @@ def _insert(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]], re
         return
     columns = list(rows[0])
     verb = "insert or replace" if replace else "insert"
+    names = ", ".join(f'"{c}"' for c in columns)  # quoted: "user" is a column
     conn.executemany(
-        f"{verb} into {table} ({', '.join(columns)}) values ({', '.join('?' * len(columns))})",
+        f"{verb} into {table} ({names}) values ({', '.join('?' * len(columns))})",
         [[row[c] for c in columns] for row in rows],
     )
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite_utils
 from sqlite_utils import Migrations
 
-from .base import MIGRATION_SET
+from .base import MIGRATION_SET, USAGE_COLUMNS, USAGE_KEY, USAGE_NODE_KEY
 
 migrations = Migrations(MIGRATION_SET)
 
@@ -52,3 +52,16 @@ def m003_runs_apart(db: sqlite_utils.Database) -> None:
                       ("gpus", ("cluster", "job_id", "node", "run", "minor", "mig_gi_id"))):
         db[table].add_column("run", int, not_null_default=0)  # type: ignore[union-attr]
         db[table].transform(pk=pk)  # type: ignore[union-attr]
+
+
+@migrations()
+def m004_usage(db: sqlite_utils.Database) -> None:
+    """Usage reports (issue 10): each GPU job run from Slurm's accounting with its figures,
+    per job and per job and node; the report scans the period by end_at."""
+    db["usage"].create(USAGE_COLUMNS, pk=USAGE_KEY)  # type: ignore[union-attr]
+    db["usage_nodes"].create({**USAGE_COLUMNS, "node": str}, pk=USAGE_NODE_KEY)  # type: ignore[union-attr]
+    for table in ("usage", "usage_nodes"):
+        db[table].create_index(["end_at"])  # type: ignore[union-attr]
+    db["usage_syncs"].create(  # type: ignore[union-attr]
+        {"cluster": str, "since": float, "until": float, "at": float, "jobs": int},
+    )
