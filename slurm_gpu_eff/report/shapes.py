@@ -151,6 +151,16 @@ class JobReport:
         return sum(v / 100.0 * per_gpu_h for v in values)
 
     @property
+    def coverage_pct(self) -> float | None:
+        """Seconds sampled over seconds allocated, all GPUs together: a report built on a
+        few samples says so (a GPU never sampled counts as nothing sampled)."""
+        allocated = self.job.gpus * self.job.elapsed_s
+        return None if allocated <= 0 else min(100.0, 100.0 * sum(g.sampled_s for g in self.gpus) / allocated)
+
+    def gpu_coverage_pct(self, g: GpuLine) -> float | None:
+        return None if self.job.elapsed_s <= 0 else min(100.0, 100.0 * g.sampled_s / self.job.elapsed_s)
+
+    @property
     def energy_j(self) -> float | None:
         values = [g.energy_j for g in self.gpus if g.energy_j is not None]
         return sum(values) if values else None
@@ -178,7 +188,8 @@ class JobReport:
             "hints": [h.to_dict() for h in self.hints],
             "hardware_faults": [f"{g.node} GPU {g.minor}: {f}" for g in self.gpus
                                 for f in g.hardware_faults],
-            "gpus": [g.to_dict() for g in self.gpus],
+            "coverage_pct": self.coverage_pct,
+            "gpus": [{**g.to_dict(), "coverage_pct": self.gpu_coverage_pct(g)} for g in self.gpus],
         }
 
 

@@ -258,3 +258,22 @@ def test_text_and_csv_are_aligned_and_safe(report: Callable[..., dict[str, Any]]
     csv_text = render_usage(hostile, "csv")
     assert "'=HYPERLINK" in csv_text and "\x1b" not in csv_text
     assert "\x1b" not in render_usage(hostile, "text")
+
+
+def test_gpueff_jobid_shows_its_own_coverage(make_job: Any, make_summary: Any, make_gpu: Any) -> None:
+    """Seconds sampled over seconds allocated, per GPU: 3599 of 3600 s, and a GPU sampled
+    for 10 minutes only; a report on few samples says so."""
+    from slurm_gpu_eff.report.render import render_text
+
+    job = make_job()
+    summary = make_summary(utils=(50.0,))
+    summary.gpus.append(make_gpu(minor=1, sampled_s=600.0))
+    report = build_report(job, [summary])
+    data = report.to_dict()
+    assert data["coverage_pct"] == pytest.approx(100 * (3599 + 600) / 7200)
+    assert [g["coverage_pct"] for g in data["gpus"]] == [pytest.approx(100 * 3599 / 3600),
+                                                          pytest.approx(100 * 600 / 3600)]
+    text = render_text(report)
+    assert "GPU Coverage: 58.3% of the allocated GPU-time sampled; under 90%: gpu1 GPU 1 16.7%" in text
+    summary.gpus[0].sampled_s = 60.0
+    assert "few samples" in render_text(build_report(job, [summary]))
