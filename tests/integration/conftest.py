@@ -34,6 +34,8 @@ from tests import pg
 
 REPO = Path(__file__).resolve().parents[2]
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+# What slurmstepd writes to a job's output when the batch script it was to run is gone.
+SCRIPT_LOST = re.compile(r"slurmstepd\S*: error: execve\(\): \S*/slurm_script: No such file or directory")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,6 +71,8 @@ class Cluster:
         self.work.mkdir(exist_ok=True)
         os.chmod(self.work, 0o1777)  # like /tmp: every test user writes its job output here
         self.sim = REPO / ".venv" / "bin" / "gpueff-sim"
+        # How each submit_profile job was submitted, so that a lost launch can be redone.
+        self.submitted: dict[str, tuple[str, Path, tuple[str, ...], str, str]] = {}
 
     def run(self, command: list[str], user: str | None = None, timeout: float = 120) -> Result:
         """Run a command as root or, through runuser, as an unprivileged user."""
@@ -111,7 +115,35 @@ class Cluster:
                 f"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\n"
                 f"{launch} {shlex.quote(str(self.sim))} run {shlex.quote(str(profile))}"
                 + ("\nwait" if before else ""))
-        return self.submit(user, body, *args)
+        job_id = self.submit(user, body, *args)
+        self.submitted[job_id] = (user, profile, args, runner, before)
+        return job_id
+
+    def launch_lost(self, job_id: str) -> bool:
+        """Slurm lost a finished job before any of its script ran. Slurm 22.05's slurmd
+        deletes a batch job's script when a connect to that job's batch-step socket is
+        refused (`_handle_stray_script: Purging vestigial job script` in slurmd's log): meant
+        for a dead step's leftovers, it can also hit a step that is starting (its script
+        written, its socket not yet answering). slurmstepd then cannot exec the script
+        (`execve(): .../slurm_script: No such file or directory` in the job's output) and
+        the job ends FAILED, exit code 2, in no time, its GPUs idle. Seen in CI with four
+        jobs starting together on one node."""
+        return self.state(job_id) == "FAILED" and bool(SCRIPT_LOST.search(self.output(job_id)))
+
+    def wait_played(self, job_id: str, timeout: float = 120, retries: int = 2) -> str:
+        """Wait for a submit_profile job to leave the queue; if Slurm lost its launch
+        (launch_lost), submit it again as its user would, at most `retries` times. Returns the
+        id of the job that ran, after checking that its workload played (its output has the
+        workload's times): a test that judges what the GPUs did needs them driven."""
+        self.wait_done(job_id, timeout)
+        for _ in range(retries):
+            if not self.launch_lost(job_id):
+                break
+            user, profile, args, runner, before = self.submitted[job_id]
+            job_id = self.submit_profile(user, profile, *args, runner=runner, before=before)
+            self.wait_done(job_id, timeout)
+        self.played(job_id)  # fails, with the job's output, if the workload did not play
+        return job_id
 
     def output(self, job_id: str) -> str:
         files = list(self.work.glob(f"slurm-{job_id}-*.out"))

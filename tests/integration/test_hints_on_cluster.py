@@ -2,7 +2,8 @@
 near-miss just on the other side of its threshold that must not. Evidence and savings
 are checked against the profile's truth (the profile's values over the sampled window).
 
-All the jobs are submitted at once (the cluster runs 12 at a time), then checked.
+All the jobs are submitted at once (the cluster runs 12 at a time), then checked; a job
+whose launch Slurm lost (conftest's `launch_lost`) is submitted again.
 """
 
 from __future__ import annotations
@@ -208,7 +209,9 @@ def ran(cluster: Cluster) -> dict[str, Ran]:
                                      runner=case.runner, before=case.before)
         jobs[name] = Ran(job, case)
     for name, job in jobs.items():
-        cluster.wait_done(job.job_id, timeout=300)
+        # The job that played its profile (Slurm may lose a launch: it is then submitted
+        # again), never a report of GPUs that nothing drove.
+        job.job_id = cluster.wait_played(job.job_id, timeout=300)
         args = ["--json"]
         if job.case.hints_config:
             config = cluster.write("gpueff.conf", (cluster.dir / "etc" / "gpueff.conf").read_text()
