@@ -156,15 +156,12 @@ def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
     from .store import open_store
     from .store.usage import last_sync
 
+    if not _admin(config.store_admin_group):
+        raise NotPermitted("gpueff report reads the store, which is the admins' (root and the "
+                           "[store] admin_group): 'gpueff report --me' shows your own jobs")
     writer = os.geteuid() == 0 and sync
-    try:
-        store = (open_store(config.store_url, admin_group=config.store_admin_group) if writer
-                 else open_store(config.store_read_url, readonly=True))
-    except GpuEffError as exc:
-        if os.geteuid() != 0 and "ermission denied" in str(exc):
-            raise NotPermitted("gpueff report reads the store, which is the admins' (root and the "
-                               "[store] admin_group): 'gpueff report --me' shows your own jobs") from exc
-        raise
+    store = (open_store(config.store_url, admin_group=config.store_admin_group) if writer
+             else open_store(config.store_read_url, readonly=True))
     notes = []
     with store:
         period = query.period
@@ -186,6 +183,19 @@ def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
         data = usage_report(store, query)
     data["notes"] = notes
     return data
+
+
+def _admin(group: str) -> bool:
+    """Root, or a member of the admin group (those the store lets read: docs/security.md)."""
+    if os.geteuid() == 0:
+        return True
+    import grp
+
+    try:
+        gid = grp.getgrnam(group).gr_gid if group else None
+    except KeyError:
+        return False
+    return gid is not None and (gid in os.getgroups() or gid == os.getegid())
 
 
 def _mine(config: Any, period: Any, form: str) -> str:

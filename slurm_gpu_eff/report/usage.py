@@ -179,7 +179,8 @@ def usage_rows(job: SlurmJob, report: JobReport | None, now: float) -> tuple[Row
     hints = report.hints if report else []
     severe = [h for h in hints if h.severity in SEVERE]
     mask = sum(1 << HINT_BITS.index(h.id) for h in {h.id: h for h in severe}.values() if h.id in HINT_BITS)
-    main = hints[0] if hints else None
+    # The user's first hint: a hardware fault is the site's, and never the job's to fix.
+    main = next((h for h in hints if h.audience == "user"), hints[0] if hints else None)
     judged = {"hint_mask": mask, "main_hint": main.id if main else None,
               "main_severity": main.severity if main else None,
               "main_message": main.message if main else None}
@@ -425,7 +426,7 @@ def my_report(jobs: list[SlurmJob], period: Period, read_store: Callable[[], Sto
             job_measured = fig["measured_gpus"] * job.elapsed_s / HOUR * share
             used, measured = used + job_used, measured + job_measured
             line.update(efficiency_pct=_pct(job_used, job_measured), verdict=report.verdict,
-                        main_hint=report.hints[0].message if report.hints else None)
+                        main_hint=next((h.message for h in report.hints if h.audience == "user"), None))
         rows.append(line)
     rows.sort(key=lambda r: r["start"])
     return {
