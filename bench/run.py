@@ -39,8 +39,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tests.pg import StoreSite
@@ -443,6 +445,125 @@ def bench_flood(root: Path, site: StoreSite, runs: int = 5) -> tuple[float, floa
     return quiet, flooded, quiet_delivery, flooded_delivery
 
 
+# -- usage report (issue 10, "Scale") -----------------------------------------------------------
+
+USAGE_KEYS = {"user": '"user"', "account": "account"}
+
+
+def bare_usage_sql(dialect: str, by: str) -> str:
+    """The minimal query an admin would write: per group, runs and GPU-seconds allocated
+    and used clipped to the period, with the report's WHERE on end_at / start_at."""
+    least, greatest = ("min", "max") if dialect == "sqlite" else ("least", "greatest")
+    inside = f"({least}(end_at, :until) - {greatest}(start_at, :since))"
+    key = USAGE_KEYS[by]
+    return (f"select {key}, count(*) as jobs, sum(gpus * {inside}) as alloc_gpu_s, "
+            f"sum(used_gpu_s * {inside} / nullif(end_at - start_at, 0)) as used_gpu_s "
+            f"from usage where end_at > :since and start_at < :until group by {key}")
+
+
+def store_size(site: StoreSite) -> int:
+    """Bytes the store takes (SQLite: the file; PostgreSQL: the database, indexes included)."""
+    if site.path is not None:
+        return site.path.stat().st_size
+    return int(site.rows("select pg_database_size(current_database())")[0][0])
+
+
+def bench_usage(root: Path, site: StoreSite, jobs: int, runs: int, now: float | None,
+                ) -> tuple[dict[str, tuple[float, float, float]], float, float | None, int]:
+    """A 30-day report by user and by account over a store of `jobs` synthetic runs
+    (bench/usage_store.py; made unless there), in turns with the bare query on the same
+    store: per grouping (median bare s, median in-process report s, median CLI s); and
+    the store's now, the seconds generation took (None: reused), its size."""
+    from bench import usage_store
+    from slurm_gpu_eff.report.usage import Period, UsageQuery, sacct_time
+    from slurm_gpu_eff.store import open_store
+
+    now, took = usage_store.ensure(site.url, jobs, now=now)
+    conf = root / f"usage-{site.engine}.conf"
+    conf.write_text(site.config())
+    until = sacct_time(int(now))
+    since = sacct_time(int(now) - 30 * 86400)
+    period = Period.parse(since, until, now)
+    args = {"since": period.since, "until": period.until}
+    figures = {}
+    store = open_store(site.read_url, readonly=True)  # as the CLI reads it
+    try:
+        for by in USAGE_KEYS:
+            bare_sql = bare_usage_sql(store.dialect, by)
+            query = UsageQuery(period, by=(by,))
+            command = [GPUEFF, "report", "--no-sync", "--by", by, "--since", since, "--until", until,
+                       "--config", str(conf)]
+
+            walls = turns({
+                "bare": partial(store.read, bare_sql, args),
+                "report": partial(_usage_text, store, query),
+                "cli": partial(subprocess.run, command, check=True, stdout=subprocess.DEVNULL, timeout=300),
+            }, runs)
+            figures[by] = (walls["bare"], walls["report"], walls["cli"])
+    finally:
+        store.close()
+    return figures, now, took, store_size(site)
+
+
+def _usage_text(store: Any, query: Any) -> str:
+    """The report as `gpueff report` makes it, in this process."""
+    from slurm_gpu_eff.report.render import render_usage
+    from slurm_gpu_eff.report.usage import usage_report
+
+    return render_usage(usage_report(store, query), "text")
+
+
+def turns(works: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Each work's median wall time over `runs` turns, the works in turns (a machine's
+    load changes the ones beside each other alike); a first turn warms caches, uncounted."""
+    walls: dict[str, list[float]] = {name: [] for name in works}
+    for turn in range(runs + 1):
+        for name, work in works.items():
+            started = time.perf_counter()
+            work()
+            if turn:
+                walls[name].append(time.perf_counter() - started)
+    return {name: statistics.median(times) for name, times in walls.items()}
+
+
+def usage_rows(jobs: int, runs: int) -> list[tuple[str, str, str, str, bool]]:
+    """The usage-report section on each engine (PostgreSQL where a private server can run):
+    the SQLite store is kept in build/bench/ and reused; PostgreSQL's is loaded each run."""
+    from bench import usage_store
+    from tests import pg
+
+    rows: list[tuple[str, str, str, str, bool]] = []
+    with tempfile.TemporaryDirectory(prefix="gpueff-bench-usage-") as tmp, contextlib.ExitStack() as stack:
+        root = Path(tmp)
+        path = Path(usage_store.default_url(jobs, 1).removeprefix("sqlite://"))
+        sites = [pg.StoreSite.sqlite(path)]
+        no_pg = pg.unavailable()
+        if not no_pg:
+            sites.append(pg.StoreSite.postgresql(stack.enter_context(pg.PgServer())))
+        now = None
+        for site in sites:
+            figures, now, took, size = bench_usage(root, site, jobs, runs, now)
+            made = f"generated in {took:.0f} s" if took is not None else "reused"
+            rows.append((f"usage store, {site.engine}", f"{size / 2**20:.0f} MiB",
+                         f"{jobs:,} runs, {made}", "-", True))
+            for by, (bare, report, cli) in figures.items():
+                rows += [
+                    (f"report by {by}, {site.engine}", f"{report:.2f} s",
+                     f"{report / bare:.2f}x bare query ({bare:.2f} s)", "<= 2 s, <= 1.5x",
+                     report <= 2 and report / bare <= 1.5),
+                    (f"gpueff report by {by}, {site.engine}", f"{cli:.2f} s",
+                     f"{cli / bare:.2f}x bare query", "<= 2 s, <= 1.5x", cli <= 2 and cli / bare <= 1.5),
+                ]
+        if no_pg:
+            rows.append(("usage report, PostgreSQL", "skipped", no_pg[:45], "-", True))
+    return rows
+
+
+def print_rows(rows: list[tuple[str, str, str, str, bool]]) -> None:
+    for name, value, ratio, target, ok in rows:
+        print(f"{name:36s} {value:>10s}  {ratio:45s} target {target:16s} {'ok' if ok else 'MISSED'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="prolog runs (median)")
@@ -451,7 +572,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="sampler/baseline turns (median)")
     parser.add_argument("--epilogs", type=int, default=20,
                         help="epilogs per node (25 nodes) for the throughput figures")
+    parser.add_argument("--only", choices=("usage",), help="run this section alone")
+    parser.add_argument("--usage-jobs", type=int, default=1_000_000,
+                        help="GPU job runs in the usage-report store (default 1,000,000)")
+    parser.add_argument("--usage-runs", type=int, default=3, help="usage report turns (median)")
     args = parser.parse_args()
+    if args.only == "usage":
+        print_rows(usage_rows(args.usage_jobs, args.usage_runs))
+        return 0
     from tests import pg
 
     with tempfile.TemporaryDirectory(prefix="gpueff-bench-") as tmp, contextlib.ExitStack() as stack:
@@ -526,8 +654,8 @@ def main() -> int:
              f"+{(flooded_delivery - quiet_delivery) * 1000:.0f} ms on quiet "
              f"({quiet_delivery * 1000:.0f} ms)", "<= +1 s", flooded_delivery - quiet_delivery <= 1.0),
         ]
-    for name, value, ratio, target, ok in rows:
-        print(f"{name:36s} {value:>10s}  {ratio:45s} target {target:16s} {'ok' if ok else 'MISSED'}")
+    rows += usage_rows(args.usage_jobs, args.usage_runs)
+    print_rows(rows)
     return 0
 
 

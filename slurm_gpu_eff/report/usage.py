@@ -25,7 +25,16 @@ from ..hostlist import expand_hostlist
 from ..model import IDLE_UTIL
 from ..slurm import SlurmJob, parse_tres
 from ..store.base import HINT_BITS, Store
-from ..store.usage import GROUPINGS, Selection, before_after, existing, first_warnings, grouped, top_jobs
+from ..store.usage import (
+    GROUPINGS,
+    Selection,
+    before_after,
+    existing,
+    first_warnings,
+    grouped,
+    memory_peaks,
+    top_jobs,
+)
 from .figures import gather
 from .hints import HintSettings
 from .job import build_report
@@ -258,11 +267,12 @@ def usage_report(store: Store, query: UsageQuery) -> dict[str, Any]:
     """The report as one JSON-ready object: period, groups, totals, top, and what the page
     draws (utilisation buckets, days, users, trend)."""
     selection = query.selection
-    rows = grouped(store, selection, query.by)
+    rows = _with_memory(grouped(store, selection, query.by), memory_peaks(store, selection, query.by),
+                        query.by)
     groups = [_finish(g, query) for g in _merge(rows, query.by)]
     everything = _sum(rows)
     if "node" in query.by:  # a job on two nodes is one job in the totals
-        everything = _sum(grouped(store, selection, ()))
+        everything = _sum(_with_memory(grouped(store, selection, ()), memory_peaks(store, selection, ()), ()))
     totals = _finish(everything, query)
     kept = [g for g in groups if g["gpu_hours_allocated"] >= query.min_gpu_hours]
     kept.sort(key=lambda g: (-(g["gpu_hours_wasted"] or 0.0), -g["gpu_hours_allocated"],
@@ -313,8 +323,18 @@ def _keys(by: Sequence[str]) -> list[str]:
     return [k.replace("-", "_") for k in by]
 
 
+def _with_memory(rows: list[Row], peaks: list[Row], by: Sequence[str]) -> list[Row]:
+    """Each group's row with `mem`: how many runs peaked at each whole percent."""
+    keys = _keys(by)
+    counts: dict[tuple[Any, ...], dict[int, int]] = {}
+    for peak in peaks:
+        mine = counts.setdefault(tuple(peak[k] for k in keys), {})
+        mine[int(peak["mem_pct"])] = mine.get(int(peak["mem_pct"]), 0) + int(peak["runs"])
+    return [{**row, "mem": counts.get(tuple(row[k] for k in keys), {})} for row in rows]
+
+
 def _merge(rows: list[dict[str, Any]], by: Sequence[str]) -> list[dict[str, Any]]:
-    """The store's rows per (group, memory percent) summed per group."""
+    """The store's rows summed per group (a group may come in several rows)."""
     keys = _keys(by)
     parts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
@@ -326,9 +346,9 @@ def _sum(rows: list[dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {"mem": {}}
     for row in rows:
         for name, value in row.items():
-            if name == "mem_pct":
-                if value is not None:
-                    total["mem"][int(value)] = total["mem"].get(int(value), 0) + int(row["jobs"])
+            if name == "mem":
+                for pct, n in value.items():
+                    total["mem"][pct] = total["mem"].get(pct, 0) + n
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 total[name] = total.get(name, 0) + value
             elif name not in total:

@@ -3,8 +3,8 @@
 A report over a period is one grouped scan of `usage` (`usage_nodes` when grouped by
 node): each job run's allocated GPU-seconds are clipped to the period, and its figures
 scaled by the same fraction (a job half inside the period counts half its GPU-hours,
-used, energy). Rows come back per group and peak-memory percent (whole percents), so the
-caller gets the medians from counts without a second scan (report/usage.py).
+used, energy); and a narrow one counting runs per group and peak-memory percent (whole
+percents), from which the caller gets the medians (report/usage.py).
 
 SQL is written once, with `:name` parameters and quoted identifiers ("user" is a word
 PostgreSQL keeps); the few differences between the engines are in DIALECTS.
@@ -57,7 +57,9 @@ SUMS = {
     "partial_gpu_s": "sum(case when figures in ('partial', 'running') then gpus * ov else 0 end)",
     "missing_gpu_s": "sum(case when figures in ('missing', 'none') then gpus * ov else 0 end)",
     **{f"util_h{i}": f"sum(util_h{i} * f)" for i in range(10)},
-    **{f"hint_{rule}": f"sum((hint_mask / {1 << bit}) % 2)" for bit, rule in enumerate(HINT_BITS)},
+    # integer, not bigint: PostgreSQL sums a bigint as numeric (slow, and Decimal in Python)
+    **{f"hint_{rule}": f"sum(cast((hint_mask >> {bit}) & 1 as integer))"
+       for bit, rule in enumerate(HINT_BITS)},
 }
 
 
@@ -73,15 +75,26 @@ class Selection:
 
 
 def grouped(store: Store, selection: Selection, by: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per group and peak-memory percent (`mem_pct`, None where not measured)."""
+    """One row per group with SUMS."""
+    dialect = DIALECTS[store.dialect]
+    keys = [_key(dialect, name) for name in by]
+    columns = [f"{sql} as {_alias(name)}" for name, sql in zip(by, keys, strict=True)]
+    sums = [f"{sql} as {name}" for name, sql in SUMS.items()]
+    inner, args = _period(store.dialect, selection, "usage_nodes" if "node" in by else "usage")
+    text = f"select {', '.join([*columns, *sums])} from ({inner}) as runs"
+    return store.read(text + (f" group by {', '.join(keys)}" if keys else ""), args)
+
+
+def memory_peaks(store: Store, selection: Selection, by: Sequence[str]) -> list[dict[str, Any]]:
+    """Per group, how many runs peaked at each whole percent of GPU memory (the medians
+    come from these counts: a narrow scan, not a wide one per percent)."""
     dialect = DIALECTS[store.dialect]
     keys = [_key(dialect, name) for name in by]
     columns = [f"{sql} as {_alias(name)}" for name, sql in zip(by, keys, strict=True)]
     mem = "cast(round(mem_peak_pct) as integer)"
-    sums = [f"{sql} as {name}" for name, sql in SUMS.items()]
     inner, args = _period(store.dialect, selection, "usage_nodes" if "node" in by else "usage")
-    text = (f"select {', '.join([*columns, f'{mem} as mem_pct', *sums])} from ({inner}) as runs "
-            f"group by {', '.join([*keys, mem])}")
+    text = (f"select {', '.join([*columns, f'{mem} as mem_pct', 'count(*) as runs'])} from ({inner}) as runs "
+            f"where mem_peak_pct is not null group by {', '.join([*keys, mem])}")
     return store.read(text, args)
 
 
@@ -100,7 +113,7 @@ def top_jobs(store: Store, selection: Selection, limit: int) -> list[dict[str, A
 def first_warnings(store: Store, selection: Selection) -> list[dict[str, Any]]:
     """Per user and warning rule, the first run in the period that got it (by its end)."""
     inner, args = _period(store.dialect, selection, "usage")
-    firsts = ", ".join(f"min(case when (hint_mask / {1 << bit}) % 2 = 1 then end_at end) as first_{rule}"
+    firsts = ", ".join(f"min(case when ((hint_mask >> {bit}) & 1) = 1 then end_at end) as first_{rule}"
                        for bit, rule in enumerate(HINT_BITS))
     rows = store.read(f'select "user", {firsts} from ({inner}) as runs where hint_mask > 0 group by "user"',
                       args)
