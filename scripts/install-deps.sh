@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the development cluster (scripts/cluster.sh) needs on Debian 12:
 # Slurm 22.05, slurmdbd, munge, MariaDB, python3-venv, gcc for the stand-in NVML library,
-# and PostgreSQL's server and libpq for the store's second engine. Our PostgreSQL servers
+# PostgreSQL's server and libpq for the store's second engine, and Chromium (headless: the
+# test that screenshots the usage report's HTML page). Our PostgreSQL servers
 # are private ones under a directory of their own (scripts/pg.sh); the cluster Debian's
 # package may create (15/main, port 5432) is never used, whether it runs or not.
 # Idempotent and fast: when everything is already there it runs no apt at all,
@@ -12,8 +13,8 @@ set -euo pipefail
 export PATH=/usr/sbin:/sbin:$PATH
 
 PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev libslurm-perl libslurmdb-perl
-  postgresql libpq5)
-COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc)
+  postgresql libpq5 chromium)
+COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc chromium)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # Slurm's own seff, the peer the tests compare with: from Debian's source package of the
 # installed Slurm, run as it is (never copied into this repository).
@@ -77,7 +78,7 @@ main() {
   local gaps
   gaps=$(missing | tr '\n' ' ')
   if [ -z "$gaps" ]; then
-    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, postgresql, python3-venv present)"
+    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, postgresql, python3-venv, chromium present)"
     fetch_seff
     return
   fi

@@ -11,6 +11,7 @@ from typing import Any
 
 import jinja2
 
+from . import charts
 from .shapes import GroupReport, JobReport
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 (CSI, NEL...)
@@ -113,7 +114,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         bytecode_cache=_Compiled(COMPILED),
-        autoescape=jinja2.select_autoescape(["html"]),
+        autoescape=jinja2.select_autoescape(["html", "html.j2"]),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -123,6 +124,7 @@ def _environment() -> jinja2.Environment:
         clean=clean, pct=pct, fraction=fraction, gib=gib, size=size, hms=hms, watts=watts,
         joules=joules, clocktime=clocktime, evidence=evidence, aligned=aligned, num=num,
     )
+    env.globals["charts"] = charts
     return env
 
 
