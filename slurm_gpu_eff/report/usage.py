@@ -34,6 +34,7 @@ from ..store.usage import (
     grouped,
     memory_peaks,
     top_jobs,
+    unmade,
 )
 from .figures import gather
 from .hints import HintSettings
@@ -153,6 +154,9 @@ def sync(store: Store, jobs: list[SlurmJob], period: Period, read_store: Callabl
         result.updated += len(job_rows)
         if progress:
             progress(min(first + batch, len(todo)), len(todo))
+    days = unmade(store, period.since, min(period.until, now))
+    if days:  # a store from before the daily rollup: its days are made once
+        store.refresh_usage_days(*days)
     return result
 
 

@@ -18,7 +18,7 @@ from ..model import GpuSummary, NodeSummary
 
 # The schema's versions, oldest first: each engine has a migration of each name, and a
 # store holding a name not here was migrated by a newer slurm-gpu-eff.
-SCHEMA = ("m001_summaries", "m002_mig_slices_apart", "m003_runs_apart", "m004_usage")
+SCHEMA = ("m001_summaries", "m002_mig_slices_apart", "m003_runs_apart", "m004_usage", "m005_usage_days")
 MIGRATION_SET = "slurm-gpu-eff"
 
 NODE_KEY = ("cluster", "job_id", "node", "run")
@@ -53,6 +53,28 @@ HINT_BITS = ("idle_gpus", "low_util", "falsely_busy", "tensor_cores_unused", "me
              "gpu_memory", "pcie_bound", "nvlink_bound", "spread_nodes", "cpu_side", "time_limit",
              "short_job", "hardware")
 
+# The daily rollup (m005): per local day and (cluster, user, account, partition, GPU
+# model), the sums a report adds up (store/usage.py SUMS: GPU-seconds clipped to the
+# day; runs counted on the day they ended), and per whole percent of peak GPU memory how
+# many runs ended that day. put_usage keeps it in step with `usage`, so a report over a
+# month reads some 30 x 2,000 rollup rows instead of every run (issue 10's bench).
+USAGE_DAY_GROUP = ("cluster", "user", "account", "partition", "gpu_model")
+USAGE_SUM_COLUMNS: dict[str, type] = {
+    "jobs": int, "alloc_gpu_s": float, "measured_gpu_s": float, "used_gpu_s": float,
+    "idle_gpu_s": float, "jobs_idle": int, "sm_gpu_s": float, "sm_used_gpu_s": float,
+    "energy_j": float, "energy_gpu_s": float, "sampled_gpu_s": float, "complete_gpu_s": float,
+    "partial_gpu_s": float, "missing_gpu_s": float,
+    **{f"util_h{i}": float for i in range(10)},
+    **{f"hint_{rule}": int for rule in HINT_BITS},
+}
+USAGE_DAY_COLUMNS: dict[str, type] = {
+    "d0": float, "d1": float, "day": str, **{k: str for k in USAGE_DAY_GROUP}, **USAGE_SUM_COLUMNS}
+USAGE_DAY_MEM_COLUMNS: dict[str, type] = {
+    "d0": float, "d1": float, "day": str, **{k: str for k in USAGE_DAY_GROUP}, "mem_pct": int, "runs": int}
+# The days the rollup holds (even a day without runs), and the longest run stored: a run
+# touching a window [a, b) ended before b + that, which bounds every scan by end_at.
+USAGE_MADE_COLUMNS: dict[str, type] = {"d0": float, "d1": float, "day": str}
+
 
 class Store(ABC):
     """An open store. Raises StoreError when it cannot be reached (the summary waits and
@@ -77,7 +99,13 @@ class Store(ABC):
     @abstractmethod
     def put_usage(self, job_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]],
                   sync: dict[str, Any]) -> None:
-        """Replace these runs' usage rows (per job, per node) and record the sync, at once."""
+        """Replace these runs' usage rows (per job, per node), make the daily rollup anew
+        for the days they touch, and record the sync, at once."""
+
+    @abstractmethod
+    def refresh_usage_days(self, since: float, until: float) -> int:
+        """Make the daily rollup anew for the local days from since's to until's (a bulk
+        load, or days a store from before the rollup lacks); the number of days."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -28,7 +29,10 @@ from .base import (
     NODE_KEY,
     SCHEMA,
     USAGE_COLUMNS,
+    USAGE_DAY_COLUMNS,
+    USAGE_DAY_MEM_COLUMNS,
     USAGE_KEY,
+    USAGE_MADE_COLUMNS,
     USAGE_NODE_KEY,
     Store,
     gpu_rows,
@@ -47,9 +51,13 @@ MIGRATION_LOCK = 0x677075656666
 _PG_TYPES = {str: "text", int: "bigint", float: "double precision"}
 
 
-def _create(table: str, columns: dict[str, type], key: tuple[str, ...]) -> str:
-    listed = ", ".join(f'"{name}" {_PG_TYPES[kind]}' for name, kind in columns.items())
-    return f"create table {table} ({listed}, primary key ({', '.join(key)}))"
+def _create(table: str, columns: dict[str, type], key: tuple[str, ...], ints: str = "bigint") -> str:
+    """`ints`: the rollup's counts are `integer`, whose sum PostgreSQL keeps a bigint (a
+    bigint's sum is a numeric: slower, and a Decimal in Python)."""
+    types = {**_PG_TYPES, int: ints}
+    listed = ", ".join(f'"{name}" {types[kind]}' for name, kind in columns.items())
+    keyed = f", primary key ({', '.join(key)})" if key else ""
+    return f"create table {table} ({listed}{keyed})"
 
 
 MIGRATIONS: list[tuple[str, list[str]]] = [
@@ -92,6 +100,15 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
         "create index usage_nodes_end_at on usage_nodes (end_at)",
         """create table usage_syncs (cluster text, since double precision,
             until double precision, at double precision, jobs bigint)""",
+    ]),
+    # The daily rollup of the usage tables (base.py), filled by put_usage.
+    ("m005_usage_days", [
+        _create("usage_days", USAGE_DAY_COLUMNS, (), "integer"),
+        "create index usage_days_d0 on usage_days (d0)",
+        _create("usage_days_mem", USAGE_DAY_MEM_COLUMNS, (), "integer"),
+        "create index usage_days_mem_d0 on usage_days_mem (d0)",
+        _create("usage_days_made", USAGE_MADE_COLUMNS, ("d0",)),
+        "create table usage_bounds (name text primary key, value double precision)",
     ]),
 ]
 
@@ -230,10 +247,12 @@ class PostgresStore(Store):
                   sync: dict[str, Any]) -> None:
         if self.readonly:
             raise StoreError(f"cannot write to store {self.where}: it was opened read-only")
-        from .usage import write_rows
+        from .usage import longest_of, refresh_days, spans_before, spans_of, write_rows
 
         try:
             with self.conn.transaction(), self.conn.cursor() as cursor:
+                run = _runner(cursor)
+                before = spans_before(run, job_rows)
                 for table, key, rows in write_rows(job_rows, node_rows):
                     if not rows:
                         continue
@@ -242,11 +261,33 @@ class PostgresStore(Store):
                         sql.Identifier(table), _match(key[:3])), list(keys))
                     cursor.executemany(_insert(table, list(rows[0])), [list(r.values()) for r in rows])
                 cursor.execute(_insert("usage_syncs", list(sync)), list(sync.values()))
+                refresh_days(run, self.dialect, before + spans_of(job_rows), longest_of(job_rows))
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot write to store {self.where}: {_first_line(exc)}") from exc
+
+    def refresh_usage_days(self, since: float, until: float) -> int:
+        if self.readonly:
+            raise StoreError(f"cannot write to store {self.where}: it was opened read-only")
+        from .usage import refresh_days
+
+        try:
+            with self.conn.transaction(), self.conn.cursor() as cursor:
+                return refresh_days(_runner(cursor), self.dialect, [(since, until)])
         except psycopg.Error as exc:
             raise StoreError(f"cannot write to store {self.where}: {_first_line(exc)}") from exc
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _runner(cursor: psycopg.Cursor[Any]) -> Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]:
+    """store/usage.py's statements (`:name` parameters) on this cursor."""
+    from .usage import placeholders_for
+
+    def run(text: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
+        cursor.execute(placeholders_for("postgresql", text), args)
+        return [tuple(map(_plain, row)) for row in cursor.fetchall()] if cursor.description else []
+    return run
 
 
 def _upsert(row: dict[str, Any]) -> tuple[sql.Composed, list[Any]]:

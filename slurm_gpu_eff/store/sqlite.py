@@ -156,19 +156,21 @@ class SqliteStore(Store):
                   sync: dict[str, Any]) -> None:
         if self.readonly:
             raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
-        from .usage import write_rows
+        from .usage import longest_of, refresh_days, spans_before, spans_of, write_rows
 
         conn = self.conn
         try:
             with self._writing():
                 conn.execute("begin immediate")
                 try:
+                    before = spans_before(self._run, job_rows)
                     for table, key, rows in write_rows(job_rows, node_rows):
                         where = " and ".join(f'"{k}" = ?' for k in key[:3])
                         conn.executemany(f"delete from {table} where {where}",
                                          {tuple(r[k] for k in key[:3]) for r in rows})
                         _insert(conn, table, rows)
                     _insert(conn, "usage_syncs", [sync])
+                    refresh_days(self._run, self.dialect, before + spans_of(job_rows), longest_of(job_rows))
                     conn.execute("commit")
                 except BaseException:
                     if conn.in_transaction:
@@ -176,6 +178,29 @@ class SqliteStore(Store):
                     raise
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
+
+    def refresh_usage_days(self, since: float, until: float) -> int:
+        if self.readonly:
+            raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
+        from .usage import refresh_days
+
+        conn = self.conn
+        try:
+            with self._writing():
+                conn.execute("begin immediate")
+                try:
+                    made = refresh_days(self._run, self.dialect, [(since, until)])
+                    conn.execute("commit")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("rollback")
+                    raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
+        return made
+
+    def _run(self, text: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return self.conn.execute(text, args).fetchall()
 
     def close(self) -> None:
         self.conn.close()

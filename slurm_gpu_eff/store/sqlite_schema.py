@@ -7,7 +7,15 @@ from __future__ import annotations
 import sqlite_utils
 from sqlite_utils import Migrations
 
-from .base import MIGRATION_SET, USAGE_COLUMNS, USAGE_KEY, USAGE_NODE_KEY
+from .base import (
+    MIGRATION_SET,
+    USAGE_COLUMNS,
+    USAGE_DAY_COLUMNS,
+    USAGE_DAY_MEM_COLUMNS,
+    USAGE_KEY,
+    USAGE_MADE_COLUMNS,
+    USAGE_NODE_KEY,
+)
 
 migrations = Migrations(MIGRATION_SET)
 
@@ -65,3 +73,14 @@ def m004_usage(db: sqlite_utils.Database) -> None:
     db["usage_syncs"].create(  # type: ignore[union-attr]
         {"cluster": str, "since": float, "until": float, "at": float, "jobs": int},
     )
+
+
+@migrations()
+def m005_usage_days(db: sqlite_utils.Database) -> None:
+    """The usage tables' daily rollup (base.py), filled by put_usage from here on; days
+    it does not hold yet are read from `usage` itself (store/usage.py)."""
+    for table, columns in (("usage_days", USAGE_DAY_COLUMNS), ("usage_days_mem", USAGE_DAY_MEM_COLUMNS)):
+        db[table].create(columns)  # type: ignore[union-attr]
+        db[table].create_index(["d0"])  # type: ignore[union-attr]
+    db["usage_days_made"].create(USAGE_MADE_COLUMNS, pk="d0")  # type: ignore[union-attr]
+    db["usage_bounds"].create({"name": str, "value": float}, pk="name")  # type: ignore[union-attr]

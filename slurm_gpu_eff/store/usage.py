@@ -1,10 +1,16 @@
 """The usage tables' SQL: what `gpueff report` asks the store (both engines).
 
-A report over a period is one grouped scan of `usage` (`usage_nodes` when grouped by
-node): each job run's allocated GPU-seconds are clipped to the period, and its figures
-scaled by the same fraction (a job half inside the period counts half its GPU-hours,
-used, energy); and a narrow one counting runs per group and peak-memory percent (whole
-percents), from which the caller gets the medians (report/usage.py).
+A report over a period adds up pieces of it. Whole local days come from the daily rollup
+(`usage_days`, `usage_days_mem`: base.py), which put_usage keeps in step with the runs;
+the rest (the period's first and last part days, days the rollup does not hold, and any
+report by node) is a grouped scan of the runs themselves (`usage`, `usage_nodes`), each
+run's GPU-seconds clipped to the piece and its figures scaled by the same fraction (a job
+half inside counts half its GPU-hours, used, energy). Runs are counted (jobs, hints,
+memory peaks) in the piece they ended in, or the period's last when they go on after it.
+So a day's GPU-hours are those used that day, and every run counts once.
+
+Every scan of runs is bounded by end_at (indexed): a run touching [a, b) ended after a
+and before b plus the longest run stored (`usage_bounds`).
 
 SQL is written once, with `:name` parameters and quoted identifiers ("user" is a word
 PostgreSQL keeps); the few differences between the engines are in DIALECTS.
@@ -12,42 +18,44 @@ PostgreSQL keeps); the few differences between the engines are in DIALECTS.
 
 from __future__ import annotations
 
+import datetime
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .base import HINT_BITS, USAGE_COLUMNS, USAGE_KEY, USAGE_NODE_KEY, Store
+from ..errors import StoreError
+from .base import (
+    HINT_BITS,
+    USAGE_COLUMNS,
+    USAGE_DAY_GROUP,
+    USAGE_KEY,
+    USAGE_NODE_KEY,
+    USAGE_SUM_COLUMNS,
+    Store,
+)
 
-# How each engine says: the smaller / larger of two, and an epoch as a local date key.
+# How each engine says the smaller / larger of two.
 DIALECTS: dict[str, dict[str, str]] = {
-    "sqlite": {
-        "least": "min({a}, {b})", "greatest": "max({a}, {b})",
-        "day": "date({t}, 'unixepoch', 'localtime')",
-        "week": "date({t}, 'unixepoch', 'localtime', 'weekday 0', '-6 days')",
-        "month": "strftime('%Y-%m', {t}, 'unixepoch', 'localtime')",
-    },
-    "postgresql": {
-        "least": "least({a}, {b})", "greatest": "greatest({a}, {b})",
-        "day": "to_char(to_timestamp({t}), 'YYYY-MM-DD')",
-        "week": "to_char(date_trunc('week', to_timestamp({t})), 'YYYY-MM-DD')",
-        "month": "to_char(to_timestamp({t}), 'YYYY-MM')",
-    },
+    "sqlite": {"least": "min({a}, {b})", "greatest": "max({a}, {b})"},
+    "postgresql": {"least": "least({a}, {b})", "greatest": "greatest({a}, {b})"},
 }
 PLAIN_KEYS = {"user": '"user"', "account": "account", "partition": '"partition"', "node": "node",
               "gpu-model": "gpu_model", "cluster": "cluster"}
 TIME_KEYS = ("day", "week", "month")
 GROUPINGS = (*PLAIN_KEYS, *TIME_KEYS)
 
-# name -> SQL over the period's rows (`ov`: seconds inside the period, `f`: that share
-# of the run). Seconds throughout: report/usage.py makes hours.
+# name -> SQL over a piece's runs (`ov`: seconds inside the piece, `f`: that share of the
+# run, `w`: 1 if the run is counted in this piece). Seconds throughout: report/usage.py
+# makes hours.
 SUMS = {
-    "jobs": "count(*)",
+    "jobs": "sum(w)",
     "alloc_gpu_s": "sum(gpus * ov)",
     "measured_gpu_s": "sum(measured_gpus * ov)",
     "used_gpu_s": "sum(used_gpu_s * f)",
     "idle_gpu_s": "sum(idle_gpus * ov)",
-    "jobs_idle": "sum(case when idle_gpus > 0 then 1 else 0 end)",
+    "jobs_idle": "sum(case when idle_gpus > 0 then w else 0 end)",
     "sm_gpu_s": "sum(sm_gpus * ov)",
     "sm_used_gpu_s": "sum(sm_used_gpu_s * f)",
     "energy_j": "sum(coalesce(energy_j, 0) * f)",
@@ -58,9 +66,15 @@ SUMS = {
     "missing_gpu_s": "sum(case when figures in ('missing', 'none') then gpus * ov else 0 end)",
     **{f"util_h{i}": f"sum(util_h{i} * f)" for i in range(10)},
     # integer, not bigint: PostgreSQL sums a bigint as numeric (slow, and Decimal in Python)
-    **{f"hint_{rule}": f"sum(cast((hint_mask >> {bit}) & 1 as integer))"
+    **{f"hint_{rule}": f"sum(cast((hint_mask >> {bit}) & 1 as integer) * w)"
        for bit, rule in enumerate(HINT_BITS)},
 }
+assert list(SUMS) == list(USAGE_SUM_COLUMNS)
+MEM_PCT = "cast(round(mem_peak_pct) as integer)"
+EVER = 1e18  # count_until of the period's last piece: runs going on after it count there
+# The rollup's group columns, and what a report's grouping is there.
+DAY_GROUP = [PLAIN_KEYS[k.replace("_", "-")] for k in USAGE_DAY_GROUP]
+Run = Callable[[str, dict[str, Any]], list[tuple[Any, ...]]]  # a writer's statement -> rows
 
 
 @dataclass(frozen=True)
@@ -74,28 +88,199 @@ class Selection:
     partitions: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of the period read one way: from the rollup (whole days it holds) or from
+    the runs, counting those that ended by count_until; `label`: a moment of its day."""
+
+    since: float
+    until: float
+    rollup: bool
+    count_until: float = EVER
+    label: float = 0.0
+
+
 def grouped(store: Store, selection: Selection, by: Sequence[str]) -> list[dict[str, Any]]:
     """One row per group with SUMS."""
-    dialect = DIALECTS[store.dialect]
-    keys = [_key(dialect, name) for name in by]
-    columns = [f"{sql} as {_alias(name)}" for name, sql in zip(by, keys, strict=True)]
-    sums = [f"{sql} as {name}" for name, sql in SUMS.items()]
-    inner, args = _period(store.dialect, selection, "usage_nodes" if "node" in by else "usage")
-    text = f"select {', '.join([*columns, *sums])} from ({inner}) as runs"
-    return store.read(text + (f" group by {', '.join(keys)}" if keys else ""), args)
+    rows: list[dict[str, Any]] = []
+    pieces = plan(store, selection, by)
+    days = [p.since for p in pieces if p.rollup]
+    if days:
+        group = [*_rollup_keys(by), *(['day'] if _timed(by) else [])]
+        sums = [f"sum({name}) as {name}" for name in SUMS]
+        rows += _read_days(store, "usage_days", selection, days, group, sums, by)
+    for piece in pieces:
+        if not piece.rollup:
+            columns = [f"{sql} as {name}" for name, sql in SUMS.items()]
+            rows += _read_runs(store, selection, piece, by, columns)
+    # A scan with nothing to group gives one row of nulls even where no run was
+    return _added([r for r in rows if r["jobs"] is not None], _aliases(by))
 
 
 def memory_peaks(store: Store, selection: Selection, by: Sequence[str]) -> list[dict[str, Any]]:
     """Per group, how many runs peaked at each whole percent of GPU memory (the medians
-    come from these counts: a narrow scan, not a wide one per percent)."""
-    dialect = DIALECTS[store.dialect]
-    keys = [_key(dialect, name) for name in by]
-    columns = [f"{sql} as {_alias(name)}" for name, sql in zip(by, keys, strict=True)]
-    mem = "cast(round(mem_peak_pct) as integer)"
-    inner, args = _period(store.dialect, selection, "usage_nodes" if "node" in by else "usage")
-    text = (f"select {', '.join([*columns, f'{mem} as mem_pct', 'count(*) as runs'])} from ({inner}) as runs "
-            f"where mem_peak_pct is not null group by {', '.join([*keys, mem])}")
-    return store.read(text, args)
+    come from these counts: a narrow scan, not a wide one per percent). A group may come
+    in several rows."""
+    rows: list[dict[str, Any]] = []
+    pieces = plan(store, selection, by)
+    days = [p.since for p in pieces if p.rollup]
+    if days:
+        group = [*_rollup_keys(by), *(['day'] if _timed(by) else []), "mem_pct"]
+        rows += _read_days(store, "usage_days_mem", selection, days, group, ["sum(runs) as runs"], by)
+    for piece in pieces:
+        if not piece.rollup:
+            rows += _read_runs(store, selection, piece, by, [f"{MEM_PCT} as mem_pct", "count(*) as runs"],
+                               where="mem_peak_pct is not null and w = 1", also=[MEM_PCT])
+    return rows
+
+
+def plan(store: Store, s: Selection, by: Sequence[str]) -> list[Piece]:
+    """The period cut into pieces: whole days the rollup holds, and stretches of runs
+    between them (cut at local midnights too when grouped by a time)."""
+    made = set() if "node" in by else _made_days(store, s)
+    cuts = {s.since, s.until} | {t for day in made for t in day}
+    if _timed(by):
+        cuts |= set(local_midnights(s.since, s.until))
+    times = sorted(cuts)
+    pieces = [Piece(a, b, True) if (a, b) in made else Piece(a, b, False, b, a)
+              for a, b in zip(times, times[1:], strict=False)]
+    if pieces[-1].rollup:  # runs going on after the period: counted in a piece of no length
+        pieces.append(Piece(s.until, s.until, False, EVER, s.until - 0.001))
+    else:
+        pieces[-1] = replace(pieces[-1], count_until=EVER)
+    if _timed(by):
+        return pieces
+    joined: list[Piece] = []  # stretches of runs side by side: one scan
+    for piece in pieces:
+        if joined and not piece.rollup and not joined[-1].rollup and joined[-1].until == piece.since:
+            joined[-1] = replace(joined[-1], until=piece.until, count_until=piece.count_until)
+        else:
+            joined.append(piece)
+    return joined
+
+
+def local_midnights(since: float, until: float) -> list[float]:
+    """The local midnights strictly inside (since, until)."""
+    return [d0 for d0, _, _ in day_windows(since, until) if since < d0 < until]
+
+
+def day_windows(lo: float, hi: float) -> list[tuple[float, float, str]]:
+    """The local days from lo's to hi's: (midnight, next midnight, date)."""
+    day, last = datetime.date.fromtimestamp(lo), datetime.date.fromtimestamp(hi)
+    out = []
+    while day <= last:
+        after = day + datetime.timedelta(days=1)
+        out.append((_midnight(day), _midnight(after), day.isoformat()))
+        day = after
+    return out
+
+
+def _midnight(day: datetime.date) -> float:
+    return time.mktime((day.year, day.month, day.day, 0, 0, 0, 0, 0, -1))
+
+
+def unmade(store: Store, since: float, until: float) -> tuple[float, float] | None:
+    """The first and last midnight of the whole local days in [since, until) that the
+    rollup does not hold (a store from before it), or None."""
+    made = {d0 for d0, _ in _made_days(store, Selection(since, until))}
+    missing = [d0 for d0, d1, _ in day_windows(since, until)
+               if since <= d0 and d1 <= until and d0 not in made]
+    return (missing[0], missing[-1]) if missing else None
+
+
+def _made_days(store: Store, s: Selection) -> set[tuple[float, float]]:
+    try:
+        rows = store.read("select d0, d1 from usage_days_made where d0 >= :since and d1 <= :until",
+                          {"since": s.since, "until": s.until})
+    except StoreError:  # a store from before the rollup (m005), not yet migrated by a writer
+        return set()
+    return {(float(r["d0"]), float(r["d1"])) for r in rows}
+
+
+def _longest(store: Store) -> float | None:
+    try:
+        rows = store.read("select value from usage_bounds where name = 'longest_s'", {})
+    except StoreError:
+        return None
+    return float(rows[0]["value"]) if rows and rows[0]["value"] is not None else None
+
+
+def _read_days(store: Store, table: str, s: Selection, days: list[float], group: list[str],
+               columns: list[str], by: Sequence[str]) -> list[dict[str, Any]]:
+    names = {f"d{i}": d0 for i, d0 in enumerate(days)}
+    where, args = _filters(s)
+    where.insert(0, f"d0 in ({', '.join(':' + n for n in names)})")
+    picked = [*(f"{k} as {_alias(n)}" for k, n in zip(_rollup_keys(by), _plain(by), strict=True)),
+              *(["day"] if _timed(by) else []), *(["mem_pct"] if "mem_pct" in group else [])]
+    text = f"select {', '.join([*picked, *columns])} from {table} where {' and '.join(where)}"
+    if group:
+        text += f" group by {', '.join(group)}"
+    rows = store.read(text, args | names)
+    for row in rows:
+        if "day" in row:
+            _label(row, row.pop("day"), by)
+    return rows
+
+
+def _read_runs(store: Store, s: Selection, piece: Piece, by: Sequence[str], columns: list[str],
+               where: str = "", also: Sequence[str] = ()) -> list[dict[str, Any]]:
+    table = "usage_nodes" if "node" in by else "usage"
+    keys = [PLAIN_KEYS[k] for k in _plain(by)]
+    inner, args = _period(store.dialect, replace(s, since=piece.since, until=piece.until), table,
+                          piece.count_until, _longest(store))
+    picked = [f"{k} as {_alias(n)}" for k, n in zip(keys, _plain(by), strict=True)]
+    text = (f"select {', '.join([*picked, *columns])} from ({inner}) as runs"
+            + (f" where {where}" if where else ""))
+    if keys or also:
+        text += f" group by {', '.join([*keys, *also])}"
+    rows = store.read(text, args)
+    if _timed(by):
+        day = time.strftime("%Y-%m-%d", time.localtime(piece.label))
+        for row in rows:
+            _label(row, day, by)
+    return rows
+
+
+def _label(row: dict[str, Any], day: str, by: Sequence[str]) -> None:
+    """A row's time keys from the date of its day."""
+    date = datetime.date.fromisoformat(day)
+    for name in by:
+        if name == "day":
+            row["day"] = day
+        elif name == "week":  # the Monday
+            row["week"] = (date - datetime.timedelta(days=date.weekday())).isoformat()
+        elif name == "month":
+            row["month"] = day[:7]
+
+
+def _added(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
+    """Rows summed per group (the pieces of a period give a group several)."""
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = tuple(row[k] for k in keys)
+        if key not in out:
+            out[key] = dict(row)
+            continue
+        total = out[key]
+        for name in SUMS:
+            total[name] = (total[name] or 0) + (row[name] or 0)
+    return list(out.values())
+
+
+def _timed(by: Sequence[str]) -> bool:
+    return any(name in TIME_KEYS for name in by)
+
+
+def _plain(by: Sequence[str]) -> list[str]:
+    return [name for name in by if name in PLAIN_KEYS]
+
+
+def _rollup_keys(by: Sequence[str]) -> list[str]:
+    return [PLAIN_KEYS[name] for name in _plain(by)]
+
+
+def _aliases(by: Sequence[str]) -> list[str]:
+    return [name.replace("-", "_") for name in by]
 
 
 def top_jobs(store: Store, selection: Selection, limit: int) -> list[dict[str, Any]]:
@@ -159,30 +344,33 @@ def last_sync(store: Store) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
-def _period(dialect_name: str, s: Selection, table: str) -> tuple[str, dict[str, Any]]:
+def _period(dialect_name: str, s: Selection, table: str, count_until: float = EVER,
+            longest: float | None = None) -> tuple[str, dict[str, Any]]:
     d = DIALECTS[dialect_name]
     overlap = (d["least"].format(a="end_at", b=":until") + " - "
                + d["greatest"].format(a="start_at", b=":since"))
     where = ["end_at > :since", "start_at < :until"]
-    args: dict[str, Any] = {"since": s.since, "until": s.until}
+    args: dict[str, Any] = {"since": s.since, "until": s.until, "count_until": count_until}
+    if longest is not None:  # an index range, not every run since `since`
+        where.append("end_at <= :bound")
+        args["bound"] = s.until + longest + 1.0
+    more, named = _filters(s)
+    text = (f"select *, ({overlap}) as ov, case when end_at > start_at "
+            f"then ({overlap}) / (end_at - start_at) else 1.0 end as f, "
+            f"case when end_at <= :count_until then 1 else 0 end as w "
+            f"from {table} where {' and '.join(where + more)}")
+    return text, args | named
+
+
+def _filters(s: Selection) -> tuple[list[str], dict[str, Any]]:
+    where: list[str] = []
+    args: dict[str, Any] = {}
     for column, values in (('"user"', s.users), ("account", s.accounts), ('"partition"', s.partitions)):
         if values:
             names = [f"{column.strip(chr(34))}{i}" for i in range(len(values))]
             where.append(f"{column} in ({', '.join(':' + n for n in names)})")
             args |= dict(zip(names, values, strict=True))
-    text = (f"select *, ({overlap}) as ov, case when end_at > start_at "
-            f"then ({overlap}) / (end_at - start_at) else 1.0 end as f "
-            f"from {table} where {' and '.join(where)}")
-    return text, args
-
-
-def _key(dialect: dict[str, str], name: str) -> str:
-    if name in PLAIN_KEYS:
-        return PLAIN_KEYS[name]
-    if name in TIME_KEYS:  # a run belongs to the day (week, month) it ended in, or the
-        # period's last (a moment before `until`: a period to midnight has no next day)
-        return dialect[name].format(t=dialect["least"].format(a="end_at", b=":until") + " - 0.001")
-    raise ValueError(f"unknown grouping {name!r}")
+    return where, args
 
 
 def _alias(name: str) -> str:
@@ -206,3 +394,61 @@ def write_rows(job_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]]) 
         if missing:
             raise ValueError(f"usage row without {sorted(missing)}")
     return [("usage", USAGE_KEY, job_rows), ("usage_nodes", USAGE_NODE_KEY, node_rows)]
+
+
+def spans_before(run: Run, job_rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Where the stored copies of these runs lay (a running one's end has moved since):
+    their days are made anew too. Any run of the same job ids, to keep it one query."""
+    ids: dict[str, set[str]] = {}
+    for row in job_rows:
+        ids.setdefault(row["cluster"], set()).add(row["job_id"])
+    spans = []
+    for cluster, found in ids.items():
+        listed = sorted(found)
+        for first in range(0, len(listed), 500):
+            names = {f"j{i}": job for i, job in enumerate(listed[first:first + 500])}
+            rows = run(f"select min(start_at), max(end_at) from usage where cluster = :cluster "
+                       f"and job_id in ({', '.join(':' + n for n in names)})", {"cluster": cluster, **names})
+            if rows and rows[0][0] is not None:
+                spans.append((float(rows[0][0]), float(rows[0][1])))
+    return spans
+
+
+def spans_of(job_rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    if not job_rows:
+        return []
+    return [(min(float(r["start_at"]) for r in job_rows), max(float(r["end_at"]) for r in job_rows))]
+
+
+def refresh_days(run: Run, dialect: str, spans: Iterable[tuple[float, float]],
+                 longest_seen: float = 0.0) -> int:
+    """Make the rollup anew for every local day the spans touch, from the runs as they
+    are now (a writer calls it in the transaction that changed them). Returns the days."""
+    days = sorted({window for lo, hi in spans for window in day_windows(lo, hi)})
+    if not days:
+        return 0
+    stored = run("select value from usage_bounds where name = 'longest_s'", {})
+    if stored and stored[0][0] is not None:
+        longest = max(float(stored[0][0]), longest_seen)
+    else:  # the first time: one scan
+        longest = max(float(run("select max(end_at - start_at) from usage", {})[0][0] or 0.0), longest_seen)
+    run("insert into usage_bounds (name, value) values ('longest_s', :longest) "
+        "on conflict (name) do update set value = excluded.value", {"longest": longest})
+    group = ", ".join(DAY_GROUP)
+    for d0, d1, day in days:
+        span = {"d0": d0, "d1": d1, "day": day}
+        for table in ("usage_days", "usage_days_mem", "usage_days_made"):
+            run(f"delete from {table} where d0 < :d1 and d1 > :d0", span)
+        inner, args = _period(dialect, Selection(d0, d1), "usage", d1, longest)
+        run(f"insert into usage_days (d0, d1, day, {group}, {', '.join(SUMS)}) "
+            f"select :d0, :d1, :day, {group}, {', '.join(SUMS.values())} from ({inner}) as runs "
+            f"group by {group}", args | span)
+        run(f"insert into usage_days_mem (d0, d1, day, {group}, mem_pct, runs) "
+            f"select :d0, :d1, :day, {group}, {MEM_PCT}, count(*) from ({inner}) as runs "
+            f"where mem_peak_pct is not null and w = 1 group by {group}, {MEM_PCT}", args | span)
+        run("insert into usage_days_made (d0, d1, day) values (:d0, :d1, :day)", span)
+    return len(days)
+
+
+def longest_of(job_rows: list[dict[str, Any]]) -> float:
+    return max((float(r["end_at"]) - float(r["start_at"]) for r in job_rows), default=0.0)

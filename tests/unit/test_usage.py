@@ -217,6 +217,19 @@ def test_sync_counts_runs_the_monitoring_missed_and_skips_settled_ones(
     assert later.updated == 0  # 8 ended days ago: no summary will come now
 
 
+def test_sync_makes_the_days_a_store_from_before_the_rollup_lacks(store_url: str) -> None:
+    store = stored(store_url, DATA)
+    before = usage_report(store, UsageQuery(Period(S, U), by=("user",)))
+    store.conn.execute("delete from usage_days_made")  # type: ignore[attr-defined]
+    store.conn.commit()  # type: ignore[attr-defined]
+    made = "select count(*) as n from usage_days_made where d0 >= :s and d1 <= :u"
+    assert store.read(made, {"s": S, "u": U})[0]["n"] == 0
+    assert usage_report(store, UsageQuery(Period(S, U), by=("user",))) == before  # from the runs
+    sync(store, [], Period(S, U), lambda: open_store(store_url, readonly=True), now=U + 3600)
+    assert store.read(made, {"s": S, "u": U})[0]["n"] == 7
+    assert usage_report(store, UsageQuery(Period(S, U), by=("user",))) == before
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("2026-11-02", S), ("2026-11-02T01:30", S + 5400), ("2026-11-02T01:30:10", S + 5410),
     ("now", U), ("now-7days", S), ("now-2hours", U - 7200), ("now+1week", U + 7 * 86400),
