@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,6 @@ from ..store.usage import (
     existing,
     first_warnings,
     grouped,
-    memory_peaks,
     top_jobs,
     unmade,
 )
@@ -271,12 +271,11 @@ def usage_report(store: Store, query: UsageQuery) -> dict[str, Any]:
     """The report as one JSON-ready object: period, groups, totals, top, and what the page
     draws (utilisation buckets, days, users, trend)."""
     selection = query.selection
-    rows = _with_memory(grouped(store, selection, query.by), memory_peaks(store, selection, query.by),
-                        query.by)
+    rows = _grouped(store, selection, query.by)
     groups = [_finish(g, query) for g in _merge(rows, query.by)]
     everything = _sum(rows)
     if "node" in query.by:  # a job on two nodes is one job in the totals
-        everything = _sum(_with_memory(grouped(store, selection, ()), memory_peaks(store, selection, ()), ()))
+        everything = _sum(_grouped(store, selection, ()))
     totals = _finish(everything, query)
     kept = [g for g in groups if g["gpu_hours_allocated"] >= query.min_gpu_hours]
     kept.sort(key=lambda g: (-(g["gpu_hours_wasted"] or 0.0), -g["gpu_hours_allocated"],
@@ -290,9 +289,9 @@ def usage_report(store: Store, query: UsageQuery) -> dict[str, Any]:
     if query.top:
         out["top"] = [_top(row) for row in top_jobs(store, selection, query.top)]
     if query.charts:
-        out["days"] = [_finish(g, query) for g in _merge(grouped(store, selection, ("day",)), ("day",))]
+        out["days"] = [_finish(g, query) for g in _merge(_grouped(store, selection, ("day",)), ("day",))]
         users = groups if query.by == ("user",) else [
-            _finish(g, query) for g in _merge(grouped(store, selection, ("user",)), ("user",))]
+            _finish(g, query) for g in _merge(_grouped(store, selection, ("user",)), ("user",))]
         out["users"] = [{"user": u["user"], "gpu_hours_allocated": u["gpu_hours_allocated"],
                          "efficiency_pct": u["efficiency_pct"]} for u in users]
     if query.trend:
@@ -305,7 +304,7 @@ def trend(store: Store, query: UsageQuery) -> list[dict[str, Any]]:
     got each warning (the runs that ended by it, and those that started after it)."""
     selection = query.selection
     weeks: dict[str, list[dict[str, Any]]] = {}
-    for g in _merge(grouped(store, selection, ("user", "week")), ("user", "week")):
+    for g in _merge(_grouped(store, selection, ("user", "week")), ("user", "week")):
         done = _finish(g, query)
         weeks.setdefault(done["user"], []).append(
             {"week": done["week"], "jobs": done["jobs"], "gpu_hours_allocated": done["gpu_hours_allocated"],
@@ -327,14 +326,10 @@ def _keys(by: Sequence[str]) -> list[str]:
     return [k.replace("-", "_") for k in by]
 
 
-def _with_memory(rows: list[Row], peaks: list[Row], by: Sequence[str]) -> list[Row]:
-    """Each group's row with `mem`: how many runs peaked at each whole percent."""
-    keys = _keys(by)
-    counts: dict[tuple[Any, ...], dict[int, int]] = {}
-    for peak in peaks:
-        mine = counts.setdefault(tuple(peak[k] for k in keys), {})
-        mine[int(peak["mem_pct"])] = mine.get(int(peak["mem_pct"]), 0) + int(peak["runs"])
-    return [{**row, "mem": counts.get(tuple(row[k] for k in keys), {})} for row in rows]
+def _grouped(store: Store, selection: Selection, by: Sequence[str]) -> list[Row]:
+    """The store's rows per group, each `mem` as how many runs peaked at each whole percent."""
+    return [{**row, "mem": dict(Counter(map(int, (row.get("mem") or "").split())))}
+            for row in grouped(store, selection, by)]
 
 
 def _merge(rows: list[dict[str, Any]], by: Sequence[str]) -> list[dict[str, Any]]:
@@ -470,7 +465,7 @@ def _share(start: float, end: float, period: Period) -> float:
 def cluster_median(store: Store, period: Period) -> dict[str, Any]:
     """What a user's totals are set against: the median user's efficiency in the period
     (an aggregate: no user's own figures)."""
-    rows = grouped(store, Selection(period.since, period.until), ("user",))
+    rows = _grouped(store, Selection(period.since, period.until), ("user",))
     users = [_finish(g, UsageQuery(period)) for g in _merge(rows, ("user",))]
     values = sorted(u["efficiency_pct"] for u in users if u["efficiency_pct"] is not None)
     median = None

@@ -55,9 +55,10 @@ HINT_BITS = ("idle_gpus", "low_util", "falsely_busy", "tensor_cores_unused", "me
 
 # The daily rollup (m005): per local day and (cluster, user, account, partition, GPU
 # model), the sums a report adds up (store/usage.py SUMS: GPU-seconds clipped to the
-# day; runs counted on the day they ended), and per whole percent of peak GPU memory how
-# many runs ended that day. put_usage keeps it in step with `usage`, so a report over a
-# month reads some 30 x 2,000 rollup rows instead of every run (issue 10's bench).
+# day; runs counted on the day they ended), and `mem`: the memory peaks (whole percents of
+# the device, space-separated) of the runs that ended that day, for the medians.
+# put_usage keeps it in step with `usage`, so a report over a month reads some 30 x 2,000
+# rollup rows instead of every run (issue 10's bench).
 USAGE_DAY_GROUP = ("cluster", "user", "account", "partition", "gpu_model")
 USAGE_SUM_COLUMNS: dict[str, type] = {
     "jobs": int, "alloc_gpu_s": float, "measured_gpu_s": float, "used_gpu_s": float,
@@ -68,9 +69,8 @@ USAGE_SUM_COLUMNS: dict[str, type] = {
     **{f"hint_{rule}": int for rule in HINT_BITS},
 }
 USAGE_DAY_COLUMNS: dict[str, type] = {
-    "d0": float, "d1": float, "day": str, **{k: str for k in USAGE_DAY_GROUP}, **USAGE_SUM_COLUMNS}
-USAGE_DAY_MEM_COLUMNS: dict[str, type] = {
-    "d0": float, "d1": float, "day": str, **{k: str for k in USAGE_DAY_GROUP}, "mem_pct": int, "runs": int}
+    "d0": float, "d1": float, "day": str, **{k: str for k in USAGE_DAY_GROUP}, **USAGE_SUM_COLUMNS,
+    "mem": str}
 # The days the rollup holds (even a day without runs), and the longest run stored: a run
 # touching a window [a, b) ended before b + that, which bounds every scan by end_at.
 USAGE_MADE_COLUMNS: dict[str, type] = {"d0": float, "d1": float, "day": str}

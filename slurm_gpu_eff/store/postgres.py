@@ -30,7 +30,6 @@ from .base import (
     SCHEMA,
     USAGE_COLUMNS,
     USAGE_DAY_COLUMNS,
-    USAGE_DAY_MEM_COLUMNS,
     USAGE_KEY,
     USAGE_MADE_COLUMNS,
     USAGE_NODE_KEY,
@@ -105,8 +104,6 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
     ("m005_usage_days", [
         _create("usage_days", USAGE_DAY_COLUMNS, (), "integer"),
         "create index usage_days_d0 on usage_days (d0)",
-        _create("usage_days_mem", USAGE_DAY_MEM_COLUMNS, (), "integer"),
-        "create index usage_days_mem_d0 on usage_days_mem (d0)",
         _create("usage_days_made", USAGE_MADE_COLUMNS, ("d0",)),
         "create table usage_bounds (name text primary key, value double precision)",
     ]),

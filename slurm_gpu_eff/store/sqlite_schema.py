@@ -11,7 +11,6 @@ from .base import (
     MIGRATION_SET,
     USAGE_COLUMNS,
     USAGE_DAY_COLUMNS,
-    USAGE_DAY_MEM_COLUMNS,
     USAGE_KEY,
     USAGE_MADE_COLUMNS,
     USAGE_NODE_KEY,
@@ -79,8 +78,7 @@ def m004_usage(db: sqlite_utils.Database) -> None:
 def m005_usage_days(db: sqlite_utils.Database) -> None:
     """The usage tables' daily rollup (base.py), filled by put_usage from here on; days
     it does not hold yet are read from `usage` itself (store/usage.py)."""
-    for table, columns in (("usage_days", USAGE_DAY_COLUMNS), ("usage_days_mem", USAGE_DAY_MEM_COLUMNS)):
-        db[table].create(columns)  # type: ignore[union-attr]
-        db[table].create_index(["d0"])  # type: ignore[union-attr]
+    db["usage_days"].create(USAGE_DAY_COLUMNS)  # type: ignore[union-attr]
+    db["usage_days"].create_index(["d0"])  # type: ignore[union-attr]
     db["usage_days_made"].create(USAGE_MADE_COLUMNS, pk="d0")  # type: ignore[union-attr]
     db["usage_bounds"].create({"name": str, "value": float}, pk="name")  # type: ignore[union-attr]

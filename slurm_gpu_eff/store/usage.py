@@ -1,7 +1,7 @@
 """The usage tables' SQL: what `gpueff report` asks the store (both engines).
 
 A report over a period adds up pieces of it. Whole local days come from the daily rollup
-(`usage_days`, `usage_days_mem`: base.py), which put_usage keeps in step with the runs;
+(`usage_days`: base.py), which put_usage keeps in step with the runs;
 the rest (the period's first and last part days, days the rollup does not hold, and any
 report by node) is a grouped scan of the runs themselves (`usage`, `usage_nodes`), each
 run's GPU-seconds clipped to the piece and its figures scaled by the same fraction (a job
@@ -36,10 +36,11 @@ from .base import (
     Store,
 )
 
-# How each engine says the smaller / larger of two.
+# How each engine says the smaller / larger of two, and joins texts (nulls left out).
 DIALECTS: dict[str, dict[str, str]] = {
-    "sqlite": {"least": "min({a}, {b})", "greatest": "max({a}, {b})"},
-    "postgresql": {"least": "least({a}, {b})", "greatest": "greatest({a}, {b})"},
+    "sqlite": {"least": "min({a}, {b})", "greatest": "max({a}, {b})", "concat": "group_concat({x}, ' ')"},
+    "postgresql": {"least": "least({a}, {b})", "greatest": "greatest({a}, {b})",
+                   "concat": "string_agg(cast({x} as text), ' ')"},
 }
 PLAIN_KEYS = {"user": '"user"', "account": "account", "partition": '"partition"', "node": "node",
               "gpu-model": "gpu_model", "cluster": "cluster"}
@@ -101,37 +102,28 @@ class Piece:
 
 
 def grouped(store: Store, selection: Selection, by: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per group with SUMS."""
+    """One row per group with SUMS, and `mem`: the memory peaks (whole percents) of the
+    group's runs, space-separated (report/usage.py counts them for the medians: the
+    peaks ride along in the one scan instead of a second one per percent)."""
     rows: list[dict[str, Any]] = []
     pieces = plan(store, selection, by)
+    concat = DIALECTS[store.dialect]["concat"]
     days = [p.since for p in pieces if p.rollup]
     if days:
         group = [*_rollup_keys(by), *(['day'] if _timed(by) else [])]
-        sums = [f"sum({name}) as {name}" for name in SUMS]
+        sums = [f"sum({name}) as {name}" for name in SUMS] + [f"{concat.format(x='mem')} as mem"]
         rows += _read_days(store, "usage_days", selection, days, group, sums, by)
     for piece in pieces:
         if not piece.rollup:
-            columns = [f"{sql} as {name}" for name, sql in SUMS.items()]
+            columns = [f"{sql} as {name}" for name, sql in SUMS.items()] + [f"{_mem(store.dialect)} as mem"]
             rows += _read_runs(store, selection, piece, by, columns)
     # A scan with nothing to group gives one row of nulls even where no run was
     return _added([r for r in rows if r["jobs"] is not None], _aliases(by))
 
 
-def memory_peaks(store: Store, selection: Selection, by: Sequence[str]) -> list[dict[str, Any]]:
-    """Per group, how many runs peaked at each whole percent of GPU memory (the medians
-    come from these counts: a narrow scan, not a wide one per percent). A group may come
-    in several rows."""
-    rows: list[dict[str, Any]] = []
-    pieces = plan(store, selection, by)
-    days = [p.since for p in pieces if p.rollup]
-    if days:
-        group = [*_rollup_keys(by), *(['day'] if _timed(by) else []), "mem_pct"]
-        rows += _read_days(store, "usage_days_mem", selection, days, group, ["sum(runs) as runs"], by)
-    for piece in pieces:
-        if not piece.rollup:
-            rows += _read_runs(store, selection, piece, by, [f"{MEM_PCT} as mem_pct", "count(*) as runs"],
-                               where="mem_peak_pct is not null and w = 1", also=[MEM_PCT])
-    return rows
+def _mem(dialect: str) -> str:
+    """The peaks of the runs counted in a piece of runs."""
+    return DIALECTS[dialect]["concat"].format(x=f"case when w = 1 then {MEM_PCT} end")
 
 
 def plan(store: Store, s: Selection, by: Sequence[str]) -> list[Piece]:
@@ -264,6 +256,7 @@ def _added(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
         total = out[key]
         for name in SUMS:
             total[name] = (total[name] or 0) + (row[name] or 0)
+        total["mem"] = " ".join(m for m in (total["mem"], row["mem"]) if m)
     return list(out.values())
 
 
@@ -437,15 +430,12 @@ def refresh_days(run: Run, dialect: str, spans: Iterable[tuple[float, float]],
     group = ", ".join(DAY_GROUP)
     for d0, d1, day in days:
         span = {"d0": d0, "d1": d1, "day": day}
-        for table in ("usage_days", "usage_days_mem", "usage_days_made"):
+        for table in ("usage_days", "usage_days_made"):
             run(f"delete from {table} where d0 < :d1 and d1 > :d0", span)
         inner, args = _period(dialect, Selection(d0, d1), "usage", d1, longest)
-        run(f"insert into usage_days (d0, d1, day, {group}, {', '.join(SUMS)}) "
-            f"select :d0, :d1, :day, {group}, {', '.join(SUMS.values())} from ({inner}) as runs "
-            f"group by {group}", args | span)
-        run(f"insert into usage_days_mem (d0, d1, day, {group}, mem_pct, runs) "
-            f"select :d0, :d1, :day, {group}, {MEM_PCT}, count(*) from ({inner}) as runs "
-            f"where mem_peak_pct is not null and w = 1 group by {group}, {MEM_PCT}", args | span)
+        run(f"insert into usage_days (d0, d1, day, {group}, {', '.join(SUMS)}, mem) "
+            f"select :d0, :d1, :day, {group}, {', '.join(SUMS.values())}, {_mem(dialect)} "
+            f"from ({inner}) as runs group by {group}", args | span)
         run("insert into usage_days_made (d0, d1, day) values (:d0, :d1, :day)", span)
     return len(days)
 
