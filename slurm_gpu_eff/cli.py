@@ -101,28 +101,12 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None) -> str:
     config = load_config(args.config)
     same = early is not None and (early.job_id, early.sacct) == (args.job_id.strip(), config.sacct)
     query = SacctQuery(args.job_id, config.sacct, config.scontrol, run=early if same else None)
-    from .report.figures import from_store_alone, gather
     from .report.hints import HintSettings
-    from .report.job import GroupReport, JobReport, build_group, build_report
+    from .report.lookup import job_report
     from .report.render import render_json, render_text
 
-    settings = HintSettings.from_config(config.hints)
-    read_store = partial(_read_store, config.store_read_url)
-    try:
-        found = gather(query.jobs(), read_store)
-    except NotPermitted:
-        alone = from_store_alone(query.job_id, read_store)  # the admin group reads the store
-        if alone is None:
-            raise
-        found = [alone]
-    report: JobReport | GroupReport
-    if len(found) == 1:
-        f = found[0]
-        report = build_report(f.job, f.summaries, settings, f.unavailable)
-        report.source, report.notes = f.source, f.notes + report.notes
-    else:
-        parts = [(f.job, f.summaries, f.unavailable) for f in found]
-        report = build_group(args.job_id, parts, settings)
+    report = job_report(query, partial(_read_store, config.store_read_url),
+                        HintSettings.from_config(config.hints))
     return render_json(report) if args.json else render_text(report)
 
 
