@@ -81,6 +81,32 @@ class Config:
         # Where root's `gpueff report` publishes the cluster's median efficiency (an
         # aggregate, world-readable) that `gpueff report --me` sets a user's own against.
         median_file: str = "/var/lib/slurm-gpu-eff/cluster-median.json",
+        # The job-end mail (gpueff-mail, Slurm's MailProg: mail/). Off: Slurm's plain
+        # notifications only, still sent by gpueff-mail.
+        mail_enabled: bool = True,
+        mail_transport: str = "smtp",  # or "sendmail": the local program below
+        mail_smtp_host: str = "localhost",
+        mail_smtp_port: int = 25,
+        mail_smtp_security: str = "none",  # "starttls" or "tls" (SMTPS)
+        mail_smtp_user: str = "",  # a login, with its password in the file below
+        mail_smtp_password_file: str = "",
+        mail_sendmail: str = "/usr/sbin/sendmail",
+        mail_from: str = "",  # "": slurm@ this host's name
+        # Messages wait here until delivered (the SMTP server away), retried after retry_s,
+        # doubling to retry_max_s, for retry_for_s; then given up, and logged.
+        mail_spool_dir: str = "/var/spool/slurm-gpu-eff/mail",
+        mail_retry_s: float = 60.0,
+        mail_retry_max_s: float = 1800.0,
+        mail_retry_for_s: float = 172800.0,
+        # How long the report waits for the job's summary and accounting after Slurm's
+        # end-of-job mail; then the plain notification goes out, saying why.
+        mail_wait_s: float = 300.0,
+        # The report only for jobs of at least this long and this many GPUs.
+        mail_min_minutes: float = 0.0,
+        mail_min_gpus: int = 1,
+        mail_footer: str = "",  # e.g. where the site's help is
+        mail_opt_out_file: str = "",  # user names, one a line: Slurm's plain mail for them
+        mail_log_file: str = "/var/log/slurm-gpu-eff/mail.log",
         hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
@@ -116,6 +142,25 @@ class Config:
         self.currency = currency
         self.co2_g_per_kwh = co2_g_per_kwh
         self.median_file = median_file
+        self.mail_enabled = mail_enabled
+        self.mail_transport = mail_transport
+        self.mail_smtp_host = mail_smtp_host
+        self.mail_smtp_port = mail_smtp_port
+        self.mail_smtp_security = mail_smtp_security
+        self.mail_smtp_user = mail_smtp_user
+        self.mail_smtp_password_file = mail_smtp_password_file
+        self.mail_sendmail = mail_sendmail
+        self.mail_from = mail_from
+        self.mail_spool_dir = mail_spool_dir
+        self.mail_retry_s = mail_retry_s
+        self.mail_retry_max_s = mail_retry_max_s
+        self.mail_retry_for_s = mail_retry_for_s
+        self.mail_wait_s = mail_wait_s
+        self.mail_min_minutes = mail_min_minutes
+        self.mail_min_gpus = mail_min_gpus
+        self.mail_footer = mail_footer
+        self.mail_opt_out_file = mail_opt_out_file
+        self.mail_log_file = mail_log_file
         # [hints] as written: the hints module knows its rules and checks these itself.
         self.hints: dict[str, str] = dict(hints or {})
 
@@ -167,7 +212,29 @@ _KEYS = [
     ("report", "currency", "currency", str),
     ("report", "co2_g_per_kwh", "co2_g_per_kwh", float),
     ("report", "median_file", "median_file", str),
+    ("mail", "enabled", "mail_enabled", bool),
+    ("mail", "transport", "mail_transport", str),
+    ("mail", "smtp_host", "mail_smtp_host", str),
+    ("mail", "smtp_port", "mail_smtp_port", int),
+    ("mail", "smtp_security", "mail_smtp_security", str),
+    ("mail", "smtp_user", "mail_smtp_user", str),
+    ("mail", "smtp_password_file", "mail_smtp_password_file", str),
+    ("mail", "sendmail", "mail_sendmail", str),
+    ("mail", "from", "mail_from", str),
+    ("mail", "spool_dir", "mail_spool_dir", str),
+    ("mail", "retry_s", "mail_retry_s", float),
+    ("mail", "retry_max_s", "mail_retry_max_s", float),
+    ("mail", "retry_for_s", "mail_retry_for_s", float),
+    ("mail", "wait_s", "mail_wait_s", float),
+    ("mail", "min_minutes", "mail_min_minutes", float),
+    ("mail", "min_gpus", "mail_min_gpus", int),
+    ("mail", "footer", "mail_footer", str),
+    ("mail", "opt_out_file", "mail_opt_out_file", str),
+    ("mail", "log_file", "mail_log_file", str),
 ]
+# Settings where 0 says something (no live mirror but the end's; no minimum length).
+_ZERO_MEANS = {"live_mirror_s", "mail_min_minutes"}
+_CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none", "starttls", "tls")}
 
 _BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
              "false": False, "no": False, "off": False, "0": False}
@@ -210,8 +277,14 @@ def load_config(path: str | None = None) -> Config:
             value = kind(text)
         except ValueError as exc:
             raise ConfigError(f"{path}: [{section}] {key} = {text!r} is not a number") from exc
-        if kind is float and not 0 < value < math.inf:  # nan and inf read as floats too
+        if kind is float and name in _ZERO_MEANS and 0 <= value < math.inf:
+            pass
+        elif kind is float and not 0 < value < math.inf:  # nan and inf read as floats too
             raise ConfigError(f"{path}: [{section}] {key} must be a number greater than 0")
+        if kind is int and value < 0:
+            raise ConfigError(f"{path}: [{section}] {key} must not be negative")
+        if name in _CHOICES and value not in _CHOICES[name]:
+            raise ConfigError(f"{path}: [{section}] {key} = {text!r}: say {' or '.join(_CHOICES[name])}")
         values[name] = value
     config = Config(path, hints=hints, **values)  # type: ignore[arg-type]
     # The shims kill a hook at 20 s; the epilog must still have time to post after waiting.

@@ -136,6 +136,18 @@ def render_text(report: JobReport | GroupReport) -> str:
     return template.render(r=report, j=report.job, d=report.to_dict())
 
 
+def render_mail_html(report: JobReport, charts_by_gpu: list[str | None], footer: str = "",
+                     extra: str = "", chart_size: tuple[int, int] = (480, 48)) -> str:
+    """The job-end mail's HTML part: charts_by_gpu names each GPU's chart (its Content-ID),
+    or None where it has no timeline."""
+    tone = "#dc2626" if any(h.severity == "critical" for h in report.hints) else (
+        "#d97706" if any(h.severity == "warning" for h in report.hints) else "#16a34a")
+    template = _environment().get_template("mail.html.j2")
+    return template.render(r=report, j=report.job, d=report.to_dict(), charts_by_gpu=charts_by_gpu,
+                           chart_width=chart_size[0], chart_height=chart_size[1], tone=tone,
+                           footer=footer, extra=extra)
+
+
 def render_json(report: JobReport | GroupReport) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
 

@@ -1,0 +1,245 @@
+"""Where gpueff-mail keeps its work, so that no notification is lost: Slurm's requests
+(`requests/`, until a worker made a message of each), the messages (`outbox/`, until the
+mail server took them, retried with a doubling wait), the ones given up (`failed/`), and
+which jobs' reports went out (`reported/`: one report a job run).
+
+Every file is written whole under another name and renamed; a message is sent under an
+exclusive lock on its file and removed once the server took it, so two workers never
+send one twice. (A worker killed between the server's "250 OK" and the removal would
+send it again at its next try: the one window left, a few milliseconds wide.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email
+import email.policy
+import email.utils
+import fcntl
+import json
+import os
+import smtplib
+import ssl
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+from ..errors import GpuEffError
+
+POLICY = email.policy.default.clone(max_line_length=998)  # as message.py writes them
+
+
+class MailError(GpuEffError):
+    """The mail server or program did not take a message (it waits, and is retried)."""
+
+
+# -- how a message leaves ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Smtp:
+    host: str
+    port: int
+    security: str = "none"  # "starttls" or "tls"
+    user: str = ""
+    password_file: str = ""
+    timeout_s: float = 30.0
+
+    def send(self, message: EmailMessage, to: list[str]) -> None:
+        try:
+            if self.security == "tls":
+                client: smtplib.SMTP = smtplib.SMTP_SSL(self.host, self.port, timeout=self.timeout_s,
+                                                        context=ssl.create_default_context())
+            else:
+                client = smtplib.SMTP(self.host, self.port, timeout=self.timeout_s)
+            with client:
+                if self.security == "starttls":
+                    client.starttls(context=ssl.create_default_context())
+                if self.user:
+                    client.login(self.user, Path(self.password_file).read_text().strip())
+                refused = client.send_message(message, to_addrs=to)
+        except (OSError, smtplib.SMTPException) as exc:
+            raise MailError(f"SMTP {self.host}:{self.port}: {exc}") from exc
+        if refused:
+            raise MailError(f"SMTP {self.host}:{self.port} refused {', '.join(refused)}")
+
+
+@dataclass(frozen=True)
+class Sendmail:
+    program: str = "/usr/sbin/sendmail"
+    timeout_s: float = 60.0
+
+    def send(self, message: EmailMessage, to: list[str]) -> None:
+        sender = email.utils.parseaddr(str(message["From"]))[1]
+        # no shell; -i: a lone "." is text; --: no recipient is read as an option
+        argv = [self.program, "-i", *(["-f", sender] if sender else []), "--", *to]
+        try:
+            done = subprocess.run(argv, input=message.as_bytes(), capture_output=True,
+                                  timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise MailError(f"{self.program}: {exc}") from exc
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            raise MailError(f"{self.program} exited {done.returncode}: {why[0][:200]}")
+
+
+Transport = Smtp | Sendmail
+
+
+# -- the spool --------------------------------------------------------------------------------
+
+
+@dataclass
+class Delivered:
+    sent: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)  # the server away: tried again later
+    given_up: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Outbox:
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+        self.requests, self.outbox = self.root / "requests", self.root / "outbox"
+        self.failed, self.reported = self.root / "failed", self.root / "reported"
+
+    def make(self) -> Outbox:
+        old = os.umask(0o077)  # messages name users and jobs: SlurmUser's alone
+        try:
+            for path in (self.root, self.requests, self.outbox, self.failed, self.reported):
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        finally:
+            os.umask(old)
+        return self
+
+    # Slurm's requests: written by the MailProg at once, made into messages by a worker
+    def request(self, subject: str, recipient: str, env: Mapping[str, str], now: float) -> Path:
+        slurm = {k: v for k, v in env.items() if k.startswith(("SLURM_", "SPANK_"))}
+        body = {"subject": subject, "recipient": recipient, "env": slurm, "at": now}
+        return _write(self.requests / f"{now:.6f}-{uuid.uuid4().hex}.json", json.dumps(body).encode())
+
+    def pending_requests(self, older_than_s: float, now: float) -> list[Path]:
+        """Requests a worker should have finished by now (it was killed, or the host rebooted)."""
+        return sorted(p for p in self.requests.glob("*.json") if now - _mtime(p, now) > older_than_s)
+
+    # messages
+    def post(self, message: EmailMessage, to: list[str], now: float, job: str = "") -> str:
+        name = f"{now:.6f}-{uuid.uuid4().hex}"
+        _write(self.outbox / f"{name}.json",
+               json.dumps({"to": to, "first_at": now, "next_at": now, "tries": 0, "job": job}).encode())
+        _write(self.outbox / f"{name}.eml", message.as_bytes())
+        return name
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in self.outbox.glob("*.eml"))
+
+    def next_due(self) -> float | None:
+        times = [_meta(self.outbox / f"{n}.json").get("next_at", 0.0) for n in self.names()]
+        return min(times) if times else None
+
+    def deliver(self, transport: Transport, now: float, retry_s: float, retry_max_s: float,
+                retry_for_s: float, only: set[str] | None = None) -> Delivered:
+        """Send what is due; what the server would not take waits, doubling, for retry_for_s."""
+        done = Delivered()
+        for name in self.names():
+            if only is not None and name not in only:
+                continue
+            with self._locked(name) as held:
+                if not held:
+                    continue  # another worker is sending it
+                meta_path, body_path = self.outbox / f"{name}.json", self.outbox / f"{name}.eml"
+                if not body_path.exists():
+                    continue
+                meta = _meta(meta_path)
+                if meta.get("next_at", 0.0) > now:
+                    done.waiting.append(name)
+                    continue
+                message = email.message_from_bytes(body_path.read_bytes(), policy=POLICY)
+                try:
+                    transport.send(message, list(meta.get("to") or []))
+                except MailError as exc:
+                    tries = int(meta.get("tries", 0)) + 1
+                    meta.update(tries=tries, last_error=str(exc),
+                                next_at=now + min(retry_max_s, retry_s * 2 ** (tries - 1)))
+                    done.errors.append(str(exc))
+                    if now - float(meta.get("first_at", now)) >= retry_for_s:
+                        _write(self.failed / f"{name}.json", json.dumps(meta).encode())
+                        os.replace(body_path, self.failed / f"{name}.eml")
+                        meta_path.unlink(missing_ok=True)
+                        done.given_up.append(name)
+                    else:
+                        _write(meta_path, json.dumps(meta).encode())
+                        done.waiting.append(name)
+                    continue
+                body_path.unlink()
+                meta_path.unlink(missing_ok=True)
+                done.sent.append(name)
+        return done
+
+    def first_report(self, key: str) -> bool:
+        """True the first time for this job run: its report is sent once, whichever of
+        Slurm's mails (time limit, then FAIL) asks first."""
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
+        try:
+            os.close(os.open(self.reported / safe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _locked(self, name: str) -> Iterator[bool]:
+        try:
+            fd = os.open(self.outbox / f"{name}.eml", os.O_RDONLY)
+        except FileNotFoundError:
+            yield False
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            os.close(fd)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(part, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
+    return path
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _mtime(path: Path, default: float) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return default
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,295 @@
+"""gpueff-mail: Slurm's MailProg (slurm.conf `MailProg=`), run by slurmctld as SlurmUser
+with `-s SUBJECT RECIPIENT` and the job's SLURM_* variables.
+
+It writes Slurm's request into the mail spool, starts a detached worker and returns to
+Slurm at once (slurmctld kills a MailProg's process group after 120 s and never retries).
+The worker makes the message: for the end of a GPU job, once its summary and accounting
+are there (waiting at most `[mail] wait_s`), the report as text and HTML; for anything
+else, or when the report cannot be made, Slurm's plain notification (saying why). Then
+it sends it, and what the mail server does not take waits in the spool and is tried
+again, the wait doubling, until `[mail] retry_for_s`. `gpueff-mail --flush` (cron, or
+by hand) sends what is due and finishes requests a killed worker left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from email.message import EmailMessage
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, find_command, load_config
+from ..errors import GpuEffError, NoGpus
+from .message import header_safe, plain_notice, recipients, report_message, sender
+from .notice import Notice, parse_args, read_notice
+from .outbox import Delivered, MailError, Outbox, Sendmail, Smtp, Transport
+
+POLL_S = 5.0  # how often the worker looks again for the summary and accounting
+log = logging.getLogger("gpueff.mail")
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if env is None else env
+    if args[:1] == ["--work"] and len(args) == 2:
+        return work(Path(args[1]))
+    if args == ["--flush"]:
+        return flush()
+    return mailprog(args, env)
+
+
+def mailprog(args: list[str], env: Mapping[str, str], detach: bool = True) -> int:
+    """Take Slurm's request and return: 0 once it is safe in the spool (or, the spool
+    unusable, once the plain notice went out directly)."""
+    try:
+        config = load_config()
+        _logging(config)
+        subject, rcpts = parse_args(args)
+    except GpuEffError as exc:
+        sys.stderr.write(f"gpueff-mail: {exc}\n")  # slurmctld logs it
+        return 1
+    recipient = ",".join(rcpts)
+    try:
+        request = Outbox(config.mail_spool_dir).make().request(subject, recipient, env, time.time())
+    except OSError as exc:  # no spool (disk full, unwritable): Slurm's notice at once
+        log.error("mail spool %s unusable (%s): sending Slurm's notice directly", config.mail_spool_dir, exc)
+        return _direct(config, read_notice(subject, recipient, env), f"(gpueff-mail: {exc.strerror})")
+    if detach:
+        _start_worker(config, request)
+    return 0
+
+
+def _start_worker(config: Config, request: Path) -> None:
+    """A process of its own session and no open pipe: slurmctld sees the MailProg end."""
+    python = config.python or sys.executable
+    subprocess.Popen([python, "-I", "-m", "slurm_gpu_eff.mail.prog", "--work", str(request)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True, env=_keep(os.environ))
+
+
+def _keep(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k in ("GPUEFF_CONFIG", "SLURM_CONF", "PATH", "TZ", "LANG")}
+
+
+def work(request: Path, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+         config: Config | None = None, transport: Transport | None = None) -> int:
+    """One request: made into its message, sent, and retried until sent or given up."""
+    config = config or load_config()
+    _logging(config)
+    box = Outbox(config.mail_spool_dir).make()
+    transport = transport or transport_for(config)
+    try:
+        names = make_message(box, request, config, clock, sleep)
+    except Exception:  # a bug: the notice must still go out
+        log.exception("gpueff-mail: making the message for %s failed", request)
+        names = _fallback(box, request, config, clock)
+    return _send_until_done(box, set(names), config, transport, clock, sleep)
+
+
+def flush(config: Config | None = None, transport: Transport | None = None,
+          clock: Callable[[], float] = time.time) -> int:
+    """Send what is due, and finish what a killed worker left (requests of more than
+    twice the wait)."""
+    config = config or load_config()
+    _logging(config)
+    box = Outbox(config.mail_spool_dir).make()
+    transport = transport or transport_for(config)
+    for request in box.pending_requests(2 * config.mail_wait_s + 60, clock()):
+        make_message(box, request, config, clock, lambda s: None, wait=False)
+    done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
+                       config.mail_retry_for_s)
+    _log_delivery(done)
+    return 0 if not done.given_up else 1
+
+
+def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[], float],
+                 sleep: Callable[[float], None], wait: bool = True) -> list[str]:
+    """The request's message in the outbox (the request then removed); its names."""
+    try:
+        raw = json.loads(request.read_text())
+    except FileNotFoundError:
+        return []  # another worker made it
+    except (OSError, ValueError) as exc:
+        log.error("corrupt mail request %s (%s): set aside", request, exc)
+        request.rename(request.with_suffix(".corrupt"))
+        return []
+    notice = read_notice(str(raw.get("subject", "")), str(raw.get("recipient", "")), raw.get("env") or {})
+    try:
+        to = recipients(notice.recipient)
+    except ValueError as exc:
+        log.error("job %s: %s: not sent", notice.job_id, exc)
+        request.unlink(missing_ok=True)
+        return []
+    message = build(notice, config, clock, sleep if wait else (lambda s: None),
+                    deadline=float(raw.get("at", clock())) + (config.mail_wait_s if wait else 0.0))
+    name = box.post(message, to, clock(), job=notice.job_id)
+    request.unlink(missing_ok=True)
+    return [name]
+
+
+def build(notice: Notice, config: Config, clock: Callable[[], float], sleep: Callable[[float], None],
+          deadline: float, find: Callable[[Notice, Config], Any] | None = None) -> EmailMessage:
+    """The report's message for the end of a GPU job, else Slurm's plain notice."""
+    from_ = sender(config.mail_from)
+    why = _no_report(notice, config)
+    if why is not None:
+        return plain_notice(notice, from_, why)
+    find = find or find_report
+    error: GpuEffError | None = None
+    while True:
+        try:
+            report = find(notice, config)
+        except NoGpus:
+            return plain_notice(notice, from_)  # a CPU job: Slurm's own notice, nothing added
+        except GpuEffError as exc:  # not in the accounting yet, no summary yet, ...
+            report, error = None, exc
+        else:
+            error = None
+        if report is not None and _ready(report):
+            break
+        if clock() + POLL_S > deadline:
+            why = (f"The GPU report of job {notice.job_id} was not ready "
+                   f"{config.mail_wait_s:.0f} s after the job ended"
+                   + (f" ({header_safe(str(error), 200)})" if error else "")
+                   + f": run `gpueff {notice.job_id}` later.")
+            return plain_notice(notice, from_, why)
+        sleep(POLL_S)
+    short = _too_small(report, config)
+    if short:
+        return plain_notice(notice, from_)
+    key = f"{notice.cluster}-{notice.job_id}-{getattr(getattr(report, 'job', None), 'start', '')}"
+    if not Outbox(config.mail_spool_dir).make().first_report(key):
+        return plain_notice(notice, from_, f"The GPU report of job {notice.job_id} went out with an "
+                                           "earlier mail.")
+    return report_message(notice, from_, report, footer=config.mail_footer)
+
+
+def find_report(notice: Notice, config: Config) -> Any:
+    """The job's report as `gpueff JOBID` makes it (accounting first: Slurm's rules)."""
+    from ..report.hints import HintSettings
+    from ..report.lookup import job_report
+    from ..slurm import SacctQuery
+    from ..store import open_store
+
+    query = SacctQuery(notice.job_id, find_command(config.sacct), find_command(config.scontrol))
+    return job_report(query, partial(open_store, config.store_read_url, readonly=True),
+                      HintSettings.from_config(config.hints))
+
+
+def _ready(report: Any) -> bool:
+    """The job is over in the accounting and its figures are final (or said missing)."""
+    jobs = [r.job for r in getattr(report, "reports", [report])]
+    statuses = [r.status for r in getattr(report, "reports", [report])]
+    return all(not j.running for j in jobs) and "running" not in statuses
+
+
+def _no_report(notice: Notice, config: Config) -> str | None:
+    """Why this mail gets no report (None: it may): Slurm's notice then goes out as is."""
+    if not config.mail_enabled or not notice.at_end:
+        return ""
+    if notice.user and notice.user in _opted_out(config.mail_opt_out_file):
+        return ""
+    return None
+
+
+def _too_small(report: Any, config: Config) -> bool:
+    jobs = [r.job for r in getattr(report, "reports", [report])]
+    gpus = max((j.gpus for j in jobs), default=0)
+    minutes = max((j.elapsed_s for j in jobs), default=0) / 60.0
+    return gpus < max(1, config.mail_min_gpus) or minutes < config.mail_min_minutes
+
+
+def _opted_out(path: str) -> set[str]:
+    if not path:
+        return set()
+    try:
+        return {line.strip() for line in Path(path).read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+    except OSError as exc:
+        log.error("opt-out file %s unreadable (%s): nobody opted out", path, exc)
+        return set()
+
+
+def _fallback(box: Outbox, request: Path, config: Config, clock: Callable[[], float]) -> list[str]:
+    try:
+        raw = json.loads(request.read_text())
+        notice = read_notice(str(raw["subject"]), str(raw["recipient"]), raw.get("env") or {})
+        name = box.post(plain_notice(notice, sender(config.mail_from), "(gpueff-mail could not add the "
+                                     "GPU report: see its log)"), recipients(notice.recipient), clock())
+    except Exception:
+        log.exception("gpueff-mail: request %s left in the spool for `gpueff-mail --flush`", request)
+        return []
+    request.unlink(missing_ok=True)
+    return [name]
+
+
+def _send_until_done(box: Outbox, names: set[str], config: Config, transport: Transport,
+                     clock: Callable[[], float], sleep: Callable[[float], None]) -> int:
+    while names:
+        done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
+                           config.mail_retry_for_s, only=names)
+        _log_delivery(done)
+        names -= set(done.sent) | set(done.given_up)
+        names &= set(box.names())
+        if not names:
+            break
+        due = min(box_due(box, n) for n in names)
+        sleep(max(1.0, due - clock()))
+    return 0
+
+
+def box_due(box: Outbox, name: str) -> float:
+    try:
+        return float(json.loads((box.outbox / f"{name}.json").read_text()).get("next_at", 0.0))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _direct(config: Config, notice: Notice, why: str) -> int:
+    try:
+        transport_for(config).send(plain_notice(notice, sender(config.mail_from), why),
+                                   recipients(notice.recipient))
+    except (MailError, ValueError) as exc:
+        sys.stderr.write(f"gpueff-mail: {exc}\n")
+        return 1
+    return 0
+
+
+def transport_for(config: Config) -> Transport:
+    if config.mail_transport == "sendmail":
+        return Sendmail(config.mail_sendmail)
+    return Smtp(config.mail_smtp_host, config.mail_smtp_port, config.mail_smtp_security,
+                config.mail_smtp_user, config.mail_smtp_password_file)
+
+
+def _log_delivery(done: Delivered) -> None:
+    for name in done.sent:
+        log.info("sent %s", name)
+    for error in done.errors:
+        log.warning("not sent yet: %s", error)
+    for name in done.given_up:
+        log.error("given up: %s (kept in the spool's failed/)", name)
+
+
+def _logging(config: Config) -> None:
+    if log.handlers:
+        return
+    try:
+        Path(config.mail_log_file).parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(config.mail_log_file)
+    except OSError:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s gpueff-mail[%(process)d] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""gpueff-mail (issue 11): what Slurm asks (the environment first, the subject where it is
+all there is), the messages (headers no job name can add to, HTML escaped, the charts in
+the message), the spool (nothing lost, nothing sent twice) and a real SMTP server."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import socket
+from collections.abc import Callable, Iterator
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_gpu_eff.config import Config
+from slurm_gpu_eff.errors import NoGpus, NoSummary, UsageError
+from slurm_gpu_eff.mail import prog
+from slurm_gpu_eff.mail.message import header_safe, outcome, plain_notice, recipients, report_message
+from slurm_gpu_eff.mail.notice import Notice, parse_args, read_notice
+from slurm_gpu_eff.mail.outbox import MailError, Outbox, Smtp
+from slurm_gpu_eff.report.job import build_report
+
+HOSTILE = "x\nBcc: victim@example.org <b>"
+END_SUBJECT = "Slurm Job_id=327 Name=train Ended, Run time 00:05:01, COMPLETED, ExitCode 0"
+ENV = {"SLURM_JOB_ID": "327", "SLURM_JOB_USER": "alice", "SLURM_JOB_MAIL_TYPE": "Ended",
+       "SLURM_JOB_STATE": "COMPLETED", "SLURM_CLUSTER_NAME": "gpueffdev", "SLURM_JOB_NAME": "train"}
+
+
+# -- what Slurm asks ----------------------------------------------------------------------------
+
+def test_the_environment_comes_first() -> None:
+    n = read_notice(END_SUBJECT, "alice", ENV)
+    assert (n.job_id, n.mail_type, n.state, n.user, n.cluster, n.at_end) == (
+        "327", "Ended", "COMPLETED", "alice", "gpueffdev", True)
+
+
+@pytest.mark.parametrize(("subject", "job_id", "kind", "state"), [
+    (END_SUBJECT, "327", "Ended", "COMPLETED"),
+    ("Slurm Job_id=5 Name=a, b Failed, Run time 1-02:00:00, TIMEOUT, ExitCode 0", "5", "Failed", "TIMEOUT"),
+    ("Slurm Job_id=5 Name=x Began, Queued time 00:00:01", "5", "Began", ""),
+    ("Slurm Job_id=5 Name=x Reached 90% of time limit, Run time 00:09:00", "5",
+     "Reached 90% of time limit", ""),
+    ("Slurm Job_id=5 Name=x Reached time limit, Run time 00:10:00", "5", "Reached time limit", ""),
+    ("Slurm Array Task Job_id=123_4 (127) Name=x Ended, Run time 00:00:10, COMPLETED, ExitCode 0",
+     "123_4", "Ended", "COMPLETED"),
+    ("Slurm Array Summary Job_id=123_* (123) Name=x Ended, Mixed, ExitCode [0-1]", "123", "Ended", "Mixed"),
+    ("SLURM Job_id=9 Name=old Ended, Run time 00:00:01, COMPLETED, ExitCode 0", "9", "Ended", "COMPLETED"),
+])
+def test_the_subject_where_the_environment_says_nothing(subject: str, job_id: str, kind: str,
+                                                        state: str) -> None:
+    n = read_notice(subject, "alice", {})
+    assert (n.job_id, n.mail_type, n.state) == (job_id, kind, state)
+
+
+def test_an_array_summary_is_the_whole_array_whatever_task_the_environment_names() -> None:
+    env = {**ENV, "SLURM_JOB_ID": "130", "SLURM_ARRAY_JOB_ID": "123", "SLURM_ARRAY_TASK_ID": "7"}
+    assert read_notice("Slurm Array Summary Job_id=123_* (123) Name=x Ended", "a", env).job_id == "123"
+    assert read_notice("", "a", {**env, "SLURM_JOB_ID": ""}).job_id == "123_7"
+
+
+def test_no_job_id_anywhere_is_a_clear_error() -> None:
+    with pytest.raises(UsageError, match="no job id"):
+        read_notice("hello", "alice", {})
+
+
+@pytest.mark.parametrize(("argv", "subject", "rcpts"), [
+    (["-s", "S", "alice"], "S", ["alice"]),
+    (["-sS", "alice@example.org"], "S", ["alice@example.org"]),
+    (["-s", "S", "--", "-odd"], "S", ["-odd"]),
+])
+def test_arguments_as_mail_takes_them(argv: list[str], subject: str, rcpts: list[str]) -> None:
+    assert parse_args(argv) == (subject, rcpts)
+
+
+def test_no_recipient_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        parse_args(["-s", "S"])
+
+
+# -- the messages -------------------------------------------------------------------------------
+
+def notice(**overrides: Any) -> Notice:
+    return read_notice(overrides.pop("subject", END_SUBJECT), overrides.pop("recipient", "alice"),
+                       {**ENV, **overrides})
+
+
+def test_no_job_name_adds_a_header() -> None:
+    n = notice(subject=f"Slurm Job_id=327 Name={HOSTILE} Ended, Run time 00:00:05, COMPLETED, ExitCode 0",
+               SLURM_JOB_NAME=HOSTILE)
+    raw = plain_notice(n, "slurm@example.org").as_bytes()
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    assert parsed["Bcc"] is None and "victim" not in str(parsed["To"])
+    assert "\n" not in str(parsed["Subject"]) and "Bcc: victim" in str(parsed["Subject"])  # as text
+    assert header_safe("a\r\nb\x00c\u2028d") == "a b c d"
+
+
+@pytest.mark.parametrize("bad", ["-oQ/tmp/x", "alice bob", "<alice>", "a@b,-x", ""])
+def test_recipients_that_are_no_address_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        recipients(bad)
+
+
+def test_recipients_split_slurm_s_comma_list() -> None:
+    assert recipients("alice, bob@example.org") == ["alice", "bob@example.org"]
+
+
+def test_slurm_s_plain_notice_has_its_subject_and_no_body() -> None:
+    m = plain_notice(notice(SLURM_JOB_MAIL_TYPE="Began", subject="Slurm Job_id=327 Name=train Began"),
+                     "slurm@example.org")
+    assert m["Subject"] == "Slurm Job_id=327 Name=train Began" and m.get_content().strip() == ""
+    assert not m.is_multipart() and m["Auto-Submitted"] == "auto-generated"
+
+
+@pytest.fixture
+def idle_report(make_job: Any, make_summary: Any, make_gpu: Any) -> Any:
+    timeline = {"fields": ["util"], "bucket_s": 60.0, "points": [[5.0], [95.0], [None], [50.0]]}
+    gpus = [make_gpu(minor=0, util=80.0, timeline=timeline), make_gpu(minor=1, util=1.0)]
+    return build_report(make_job(name=HOSTILE), [make_summary(gpus=gpus)])
+
+
+def test_the_report_in_both_parts_with_its_charts(idle_report: Any) -> None:
+    m = report_message(notice(SLURM_JOB_NAME=HOSTILE), "slurm@example.org", idle_report,
+                       footer="Help: https://hpc.example.org/gpu")
+    assert m["Subject"] == f"{END_SUBJECT}; GPU efficiency 40%: 1 of 2 GPUs idle"
+    assert m.get_content_type() == "multipart/alternative"
+    text, html = m.get_payload()  # type: ignore[misc]
+    assert text.get_content_type() == "text/plain" and "Verdict:" in text.get_content()
+    assert "Help: https://hpc.example.org/gpu" in text.get_content()
+    assert html.get_content_type() == "multipart/related"
+    page, *images = html.get_payload()
+    body = page.get_content()
+    assert "x\nBcc: victim@example.org &lt;b&gt;" in body and "<b>" not in body  # escaped
+    assert len(images) == 1 and images[0].get_content_type() == "image/png"  # GPU 1: no timeline
+    png = images[0].get_content()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f'cid:{images[0]["Content-ID"][1:-1]}' in body
+    assert "How to do better" in body and "Fix:" in body  # the hints with their fix
+
+
+def test_outcome_words() -> None:
+    class R:
+        gpu_util_mean, idle_gpus, gpus = None, [], []
+    assert outcome(R()) == "GPU efficiency n/a"  # type: ignore[arg-type]
+
+
+# -- the worker's choice ------------------------------------------------------------------------
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return Config(mail_spool_dir=str(tmp_path / "mail"), mail_log_file=str(tmp_path / "mail.log"),
+                  mail_from="slurm@example.org", mail_wait_s=60.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_the_report_waits_for_the_summary(config: Config, idle_report: Any) -> None:
+    clock, asked = Clock(), []
+
+    def find(n: Notice, c: Config) -> Any:
+        asked.append(clock())
+        if len(asked) < 3:
+            raise NoSummary("not yet")
+        return idle_report
+
+    m = prog.build(notice(), config, clock, clock.sleep, deadline=clock() + 60, find=find)
+    assert m.is_multipart() and asked == [1000.0, 1005.0, 1010.0]
+
+
+def test_a_report_not_ready_in_time_sends_slurm_s_notice_saying_why(config: Config) -> None:
+    clock = Clock()
+
+    def find(n: Notice, c: Config) -> Any:
+        raise NoSummary("no summary of job 327 yet")
+
+    m = prog.build(notice(), config, clock, clock.sleep, deadline=clock() + 60, find=find)
+    assert not m.is_multipart() and m["Subject"] == END_SUBJECT
+    assert "was not ready 60 s after" in m.get_content() and "gpueff 327" in m.get_content()
+    assert clock() <= 1060
+
+
+@pytest.mark.parametrize("env", [{"SLURM_JOB_MAIL_TYPE": "Began"}, {"SLURM_JOB_MAIL_TYPE": "Requeued"}])
+def test_other_mails_are_slurm_s_own(config: Config, env: dict[str, str]) -> None:
+    def find(n: Notice, c: Config) -> Any:
+        raise AssertionError("no report for these")
+    m = prog.build(notice(**env), config, Clock(), Clock().sleep, deadline=0, find=find)
+    assert not m.is_multipart() and m.get_content().strip() == ""
+
+
+def test_a_cpu_job_gets_slurm_s_notice(config: Config) -> None:
+    def find(n: Notice, c: Config) -> Any:
+        raise NoGpus("job 327 had no GPUs")
+    m = prog.build(notice(), config, Clock(), Clock().sleep, deadline=2000, find=find)
+    assert not m.is_multipart() and m.get_content().strip() == ""
+
+
+def test_opted_out_users_and_small_jobs_get_slurm_s_notice(config: Config, idle_report: Any,
+                                                          tmp_path: Path) -> None:
+    (tmp_path / "optout").write_text("# users who asked\nalice\n")
+    config.mail_opt_out_file = str(tmp_path / "optout")
+    m = prog.build(notice(), config, Clock(), Clock().sleep, deadline=2000, find=lambda n, c: idle_report)
+    assert not m.is_multipart()
+    config.mail_opt_out_file, config.mail_min_gpus = "", 4  # the job had 2
+    m = prog.build(notice(), config, Clock(), Clock().sleep, deadline=2000, find=lambda n, c: idle_report)
+    assert not m.is_multipart()
+
+
+def test_one_report_a_job_whichever_mail_asks_first(config: Config, idle_report: Any) -> None:
+    first = prog.build(notice(SLURM_JOB_MAIL_TYPE="Reached time limit"), config, Clock(), Clock().sleep,
+                       deadline=2000, find=lambda n, c: idle_report)
+    second = prog.build(notice(SLURM_JOB_MAIL_TYPE="Failed", SLURM_JOB_STATE="TIMEOUT"), config, Clock(),
+                        Clock().sleep, deadline=2000, find=lambda n, c: idle_report)
+    assert first.is_multipart() and not second.is_multipart()
+    assert "went out with an earlier mail" in second.get_content()
+
+
+# -- the spool ---------------------------------------------------------------------------------
+
+class Recorder:
+    def __init__(self, fail: int = 0) -> None:
+        self.fail, self.sent = fail, []  # type: ignore[var-annotated]
+
+    def send(self, message: EmailMessage, to: list[str]) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise MailError("SMTP localhost:25: [Errno 111] Connection refused")
+        self.sent.append((str(message["Subject"]), to))
+
+
+def test_the_server_away_the_message_waits_doubling_then_goes_once(tmp_path: Path) -> None:
+    box, server = Outbox(str(tmp_path)).make(), Recorder(fail=2)
+    name = box.post(plain_notice(notice(), "slurm@example.org"), ["alice"], 1000.0)
+    assert box.deliver(server, 1000.0, 60, 1800, 86400).waiting == [name]
+    assert box.deliver(server, 1030.0, 60, 1800, 86400).waiting == [name]  # not due before 1060
+    assert box.deliver(server, 1060.0, 60, 1800, 86400).waiting == [name]  # second failure
+    assert box.next_due() == 1060.0 + 120
+    assert box.deliver(server, 1180.0, 60, 1800, 86400).sent == [name]
+    assert box.deliver(server, 9999.0, 60, 1800, 86400).sent == []
+    assert server.sent == [(END_SUBJECT, ["alice"])] and box.names() == []
+
+
+def test_given_up_after_retry_for_s_and_kept(tmp_path: Path) -> None:
+    box, server = Outbox(str(tmp_path)).make(), Recorder(fail=99)
+    name = box.post(plain_notice(notice(), "slurm@example.org"), ["alice"], 1000.0)
+    assert box.deliver(server, 1000.0 + 86400, 60, 1800, 86400).given_up == [name]
+    assert (tmp_path / "failed" / f"{name}.eml").exists() and box.names() == []
+
+
+def test_a_message_being_sent_is_not_sent_by_another_worker(tmp_path: Path) -> None:
+    box = Outbox(str(tmp_path)).make()
+    name = box.post(plain_notice(notice(), "slurm@example.org"), ["alice"], 1000.0)
+    with box._locked(name) as held:
+        assert held
+        assert box.deliver(Recorder(), 1000.0, 60, 1800, 86400).sent == []
+    assert box.deliver(Recorder(), 1000.0, 60, 1800, 86400).sent == [name]
+
+
+def test_the_spool_is_slurmuser_s_alone(tmp_path: Path) -> None:
+    box = Outbox(str(tmp_path / "m")).make()
+    box.post(plain_notice(notice(), "slurm@example.org"), ["alice"], 1.0)
+    for path in [box.root, *box.root.rglob("*")]:
+        assert path.stat().st_mode & 0o077 == 0, path
+
+
+# -- a real SMTP server (aiosmtpd) --------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[str], EmailMessage]] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        self.messages.append((list(envelope.rcpt_tos), parsed))  # type: ignore[arg-type]
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def smtp_server(smtp_port: int) -> Iterator[Callable[[], Inbox]]:
+    from aiosmtpd.controller import Controller
+
+    started: list[Any] = []
+
+    def start() -> Inbox:
+        inbox = Inbox()
+        controller = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
+        controller.start()
+        started.append(controller)
+        return inbox
+
+    yield start
+    for controller in started:
+        controller.stop()
+
+
+def test_mailprog_to_a_real_smtp_server_down_then_up(config: Config, smtp_port: int,
+                                                     smtp_server: Callable[[], Inbox],
+                                                     idle_report: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm's call returns at once; the worker's message waits while the server is down
+    and arrives once when it is up, with both parts."""
+    config.mail_smtp_host, config.mail_smtp_port = "127.0.0.1", smtp_port
+    monkeypatch.setattr(prog, "load_config", lambda path=None: config)
+    monkeypatch.setattr(prog, "find_report", lambda n, c: idle_report)
+    assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV, detach=False) == 0
+    (request,) = Outbox(config.mail_spool_dir).requests.glob("*.json")
+    clock, inbox = Clock(), None
+
+    def sleep(seconds: float) -> None:
+        nonlocal inbox
+        clock.sleep(seconds)
+        if inbox is None:
+            inbox = smtp_server()  # the server comes back while the worker waits
+
+    transport = Smtp("127.0.0.1", smtp_port, timeout_s=5)
+    assert prog.work(request, clock, sleep, config, transport) == 0
+    assert inbox is not None and len(inbox.messages) == 1
+    (to, message), = inbox.messages
+    assert to == ["alice"] and message.get_content_type() == "multipart/alternative"
+    assert str(message["Subject"]).endswith("GPU efficiency 40%: 1 of 2 GPUs idle")
+    assert not request.exists() and Outbox(config.mail_spool_dir).names() == []
+    assert prog.flush(config, transport, clock) == 0 and len(inbox.messages) == 1  # nothing twice
