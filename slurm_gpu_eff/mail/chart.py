@@ -34,7 +34,8 @@ def util_png(points: Sequence[float | None], width: int = WIDTH, height: int = H
                 rows[y][x] = NO_DATA
             continue
         util = max(0.0, min(100.0, float(value)))
-        top = height - 1 - round(util / 100.0 * (height - 2))
+        # at least 3 pixels: an idle stretch shows as a red line, not as nothing
+        top = height - 1 - max(3, round(util / 100.0 * (height - 2)))
         rgb = colour(util)
         for y in range(max(1, top), height - 1):
             rows[y][x] = rgb

@@ -27,7 +27,7 @@ WIDTH, HEIGHT = 1400, 2400
 TIMEOUT_S = 120
 
 
-def screenshot(page: Path, png: Path, profile: Path) -> None:
+def screenshot(page: Path, png: Path, profile: Path, size: tuple[int, int] = (WIDTH, HEIGHT)) -> None:
     """Chromium, headless. --no-sandbox: CI runs as root. Its own session, so
     that a hang (a page that blocks it) is killed whole, helpers included."""
     chromium = shutil.which("chromium")
@@ -35,7 +35,7 @@ def screenshot(page: Path, png: Path, profile: Path) -> None:
         fail_or_skip("chromium is not installed (scripts/install-deps.sh installs Debian's)")
         return
     command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
-               f"--user-data-dir={profile}", f"--screenshot={png}", f"--window-size={WIDTH},{HEIGHT}",
+               f"--user-data-dir={profile}", f"--screenshot={png}", f"--window-size={size[0]},{size[1]}",
                page.as_uri()]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True) as proc:
