@@ -49,12 +49,16 @@ def mailprog(args: list[str], env: Mapping[str, str], detach: bool = True) -> in
     """Take Slurm's request and return: 0 once it is safe in the spool (or, the spool
     unusable, once the plain notice went out directly)."""
     try:
-        config = load_config()
-        _logging(config)
         subject, rcpts = parse_args(args)
     except GpuEffError as exc:
         sys.stderr.write(f"gpueff-mail: {exc}\n")  # slurmctld logs it
         return 1
+    try:
+        config = load_config()
+        _logging(config)
+    except GpuEffError as exc:  # no settings to send with: as Slurm itself would
+        sys.stderr.write(f"gpueff-mail: {exc}: handing Slurm's notice to mail(1)\n")
+        return _as_slurm_would(subject, rcpts)
     recipient = ",".join(rcpts)
     try:
         request = Outbox(config.mail_spool_dir).make().request(subject, recipient, env, time.time())
@@ -260,6 +264,20 @@ def _direct(config: Config, notice: Notice, why: str) -> int:
         sys.stderr.write(f"gpueff-mail: {exc}\n")
         return 1
     return 0
+
+
+def _as_slurm_would(subject: str, rcpts: list[str]) -> int:
+    """Slurm's default MailProg, with Slurm's own arguments and an empty body."""
+    for program in ("/usr/bin/mail", "/bin/mail", "/usr/bin/mailx"):
+        if os.access(program, os.X_OK):
+            try:
+                return subprocess.run([program, "-s", subject, *rcpts], stdin=subprocess.DEVNULL,
+                                      timeout=60, check=False).returncode
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                sys.stderr.write(f"gpueff-mail: {program}: {exc}\n")
+                return 1
+    sys.stderr.write("gpueff-mail: no mail(1) either: Slurm's notice is lost\n")
+    return 1
 
 
 def transport_for(config: Config) -> Transport:

@@ -340,3 +340,17 @@ def test_mailprog_to_a_real_smtp_server_down_then_up(config: Config, smtp_port: 
     assert str(message["Subject"]).endswith("GPU efficiency 40%: 1 of 2 GPUs idle")
     assert not request.exists() and Outbox(config.mail_spool_dir).names() == []
     assert prog.flush(config, transport, clock) == 0 and len(inbox.messages) == 1  # nothing twice
+
+
+def test_a_broken_config_hands_slurm_s_notice_to_mail(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No settings to send with: Slurm's own way (mail -s SUBJECT RCPT), not nothing."""
+    bad = tmp_path / "gpueff.conf"
+    bad.write_text("[mail]\nsmtp_port = many\n")
+    monkeypatch.setenv("GPUEFF_CONFIG", str(bad))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(prog.os, "access", lambda path, mode: path == "/usr/bin/mail")
+    monkeypatch.setattr(prog.subprocess, "run",
+                        lambda argv, **kw: calls.append(argv) or type("Done", (), {"returncode": 0})())
+    assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV, detach=False) == 0
+    assert calls == [["/usr/bin/mail", "-s", END_SUBJECT, "alice"]]
