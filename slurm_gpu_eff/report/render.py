@@ -104,7 +104,7 @@ def precompile() -> list[str]:
     """Compile every template into the shared cache (run as the package's owner)."""
     os.makedirs(COMPILED, mode=0o755, exist_ok=True)
     env = _environment()
-    names = env.list_templates()
+    names = env.list_templates(extensions=["j2"])  # not the compiled cache beside them
     for name in names:
         env.get_template(name)
     return names

@@ -1,0 +1,136 @@
+"""gpueff-mail as the development cluster's MailProg (issue 11): slurmctld runs it for the
+jobs' mails, and a real SMTP server (aiosmtpd) on 127.0.0.1:8025, the cluster's [mail]
+setting, receives what it sends."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import shlex
+import time
+from collections.abc import Iterator
+from email.message import EmailMessage
+from typing import Any
+
+import pytest
+
+from .conftest import Cluster
+
+pytestmark = [pytest.mark.cluster]
+PORT = 8025
+DOMAIN = "gpueffdev.invalid"
+HOSTILE = "x\nBcc: victim@example.org <b>"
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[str], EmailMessage]] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        self.messages.append((list(envelope.rcpt_tos), parsed))  # type: ignore[arg-type]
+        return "250 OK"
+
+    def of(self, job_id: str) -> list[tuple[list[str], EmailMessage]]:
+        return [(to, m) for to, m in self.messages if f"Job_id={job_id} " in str(m["Subject"])]
+
+    def wait(self, job_id: str, timeout: float = 120,
+             settle: float = 4) -> list[tuple[list[str], EmailMessage]]:
+        """The job's messages, once one came and `settle` seconds passed with no other."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and not self.of(job_id):
+            time.sleep(0.5)
+        time.sleep(settle)
+        return self.of(job_id)
+
+
+class Server:
+    def __init__(self) -> None:
+        self.inbox = Inbox()
+        self.controller: Any = None
+        self.up = False
+
+    def start(self) -> None:
+        from aiosmtpd.controller import Controller
+
+        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=PORT)  # a new one each time
+        self.controller.start()
+        self.up = True
+
+    def stop(self) -> None:
+        if self.up:
+            self.controller.stop()
+            self.up = False
+
+
+@pytest.fixture(scope="module")
+def smtp() -> Iterator[Server]:
+    server = Server()
+    server.start()
+    yield server
+    server.stop()
+
+
+def lines(text: str, head: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.startswith(head)]
+
+
+def gpu_job(cluster: Cluster, *args: str) -> str:
+    half = cluster.profile([{"seconds": 6, "gpus": {"0": {"util": 80, "power_w": 400}, "1": {"util": 0}}}])
+    return cluster.submit_profile("alice", half, "--gres=gpu:2", *args)
+
+
+def test_a_gpu_job_s_end_mail_carries_its_report(cluster: Cluster, smtp: Server) -> None:
+    job = cluster.wait_played(gpu_job(cluster, "--mail-type=END"))
+    (to, message), = smtp.inbox.wait(job)
+    assert to == [f"alice@{DOMAIN}"] and message["To"] == f"alice@{DOMAIN}"
+    own = cluster.run(["gpueff", job, "--json"]).json()
+    subject = str(message["Subject"])
+    assert subject.startswith(f"Slurm Job_id={job} Name=") and " Ended, Run time " in subject
+    assert subject.endswith(f"; GPU efficiency {own['gpu_util_mean']:.0f}%: 1 of 2 GPUs idle"), subject
+    assert message.get_content_type() == "multipart/alternative"
+    text, html = message.get_payload()  # type: ignore[misc]
+    assert text.get_content_type() == "text/plain"
+    body = text.get_content()
+    assert f"Job ID: {job}" in body and "Idle GPUs: 1 of 2" in body and "Verdict:" in body
+    printed = cluster.run(["gpueff", job]).out  # what gpueff JOBID prints: the same figures
+    for head in ("GPU-hours:", "GPU Utilisation:", "GPU Energy:", "Idle GPUs:", "Verdict:"):
+        assert lines(body, head) == lines(printed, head) != [], head
+    page, *images = html.get_payload()
+    assert page.get_content_type() == "text/html" and "How to do better" in page.get_content()
+    assert [i.get_content_type() for i in images] == ["image/png"] * 2  # a chart per GPU
+
+
+def test_begin_and_a_cpu_job_get_slurm_s_plain_notice(cluster: Cluster, smtp: Server) -> None:
+    begun = gpu_job(cluster, "--mail-type=BEGIN")
+    cpu = cluster.submit("alice", "sleep 1", "--mail-type=END")
+    cluster.wait_played(begun)
+    cluster.wait_done(cpu)
+    for job, word in ((begun, " Began, Queued time "), (cpu, " Ended, Run time ")):
+        (to, message), = smtp.inbox.wait(job)
+        assert word in str(message["Subject"]) and "GPU efficiency" not in str(message["Subject"])
+        assert not message.is_multipart() and message.get_content().strip() == ""
+
+
+def test_a_hostile_job_name_adds_no_header_and_is_escaped(cluster: Cluster, smtp: Server) -> None:
+    job = cluster.wait_played(gpu_job(cluster, "--mail-type=END", f"--job-name={HOSTILE}"))
+    (to, message), = smtp.inbox.wait(job)
+    assert to == [f"alice@{DOMAIN}"] and message["Bcc"] is None
+    assert "\n" not in str(message["Subject"])
+    page = message.get_payload()[1].get_payload()[0].get_content()  # type: ignore[index,union-attr]
+    assert "&lt;b&gt;" in page and "<b>" not in page
+
+
+def test_smtp_down_the_message_arrives_once_it_is_back(cluster: Cluster, smtp: Server) -> None:
+    smtp.stop()
+    try:
+        job = cluster.wait_played(gpu_job(cluster, "--mail-type=END"))
+        time.sleep(8)  # the worker made the message and found the server away
+        spooled = cluster.run(["sh", "-c", f"grep -l {shlex.quote('Job_id=' + job + ' ')} "
+                                           f"{cluster.dir}/mail/outbox/*.eml"]).out.split()
+        assert len(spooled) == 1, "the message should wait in the spool"
+        assert smtp.inbox.of(job) == []
+    finally:
+        smtp.start()
+    messages = smtp.inbox.wait(job, timeout=60, settle=8)
+    assert len(messages) == 1 and messages[0][1].is_multipart()
