@@ -46,7 +46,7 @@ SPAN_S = 60 * DAY
 CLUSTER = "bench"
 DEFAULT_JOBS = 1_000_000
 DEFAULT_DIR = REPO / "build" / "bench"
-VERSION = 3  # of the rows and the rollup: a cached store of another version is made anew
+VERSION = 4  # of the rows and the rollup: a cached store of another version is made anew
 
 # model: (NVML name, gres type, GPUs per node, nodes, idle W, max W, has GPM)
 MODELS = {

@@ -70,6 +70,9 @@ class GpuSummary:
     shared_s: float | None = None  # seconds with another job's processes on it (None: unknown)
     shared_with: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None
+    # The longest stretch under 5% utilisation: {"from_s": seconds after the first poll,
+    # "seconds": its length}; None where none was seen (or before this was recorded).
+    idle_longest: dict[str, float] | None = None
 
     def metric(self, name: str, stat: str = "mean") -> float | None:
         values = self.metrics.get(name)

@@ -45,6 +45,11 @@ class GpuStats:
         self.util_source: str | None = None
         self.histogram = Histogram()
         self.timeline = Timeline()
+        # The longest stretch of polls under the idle line: a mean hides a job that worked
+        # for an hour and then idled for ten minutes. Offsets from the first poll.
+        self.first_at: float | None = None
+        self.idle_from: float | None = None
+        self.idle_longest: tuple[float, float] | None = None  # (from, seconds)
         self.samples = 0
         self.seconds = 0.0
         self.energy_last_mj: int | None = None  # set once the GPU has an energy counter
@@ -89,6 +94,21 @@ class GpuStats:
             reading.time, seconds, util, reading.gpm.get("sm_active") if reading.gpm else None, power,
             None if mem is None else mem / 1024**3,
         )
+        self._add_idle(reading.time, seconds, util)
+
+    def _add_idle(self, at: float, seconds: float, util: float | None) -> None:
+        if self.first_at is None:
+            self.first_at = at - seconds
+        if util is None:  # not measured this poll: the stretch neither grows nor ends
+            return
+        if util >= Histogram.IDLE_BELOW:
+            self.idle_from = None
+            return
+        if self.idle_from is None:
+            self.idle_from = at - seconds
+        length = at - self.idle_from
+        if self.idle_longest is None or length > self.idle_longest[1]:
+            self.idle_longest = (self.idle_from - self.first_at, length)
 
     def _series(
         self, name: str, samples: list[tuple[float, float]] | None, rate: float | None,
@@ -206,6 +226,8 @@ class GpuStats:
             shared_s=None if self.shared_s is None else round(self.shared_s, 3),
             shared_with=sorted(self.shared_with)[:20],
             timeline=self.timeline.to_dict(),
+            idle_longest=None if self.idle_longest is None else {
+                "from_s": round(self.idle_longest[0], 3), "seconds": round(self.idle_longest[1], 3)},
         )
 
 

@@ -555,6 +555,35 @@ def _hardware(report: JobReport, p: dict[str, float]) -> list[Hint]:
     return hints
 
 
+def _idle_stretch(report: JobReport, p: dict[str, float]) -> list[Hint]:
+    """A GPU that did work, and also sat idle for one long stretch: its mean hides it."""
+    elapsed = report.job.elapsed_s
+    found = []
+    for g in report.gpus:
+        longest = g.summary.idle_longest if g.summary is not None else None
+        if longest is None or g.util_mean is None or g.util_mean < p["idle_pct"] or _lost(g):
+            continue
+        seconds = float(longest.get("seconds") or 0.0)
+        if seconds >= 60 * p["min_minutes"] and seconds >= p["min_fraction"] * elapsed:
+            found.append((seconds, float(longest.get("from_s") or 0.0), g))
+    if not found:
+        return []
+    found.sort(key=lambda f: -f[0])
+    seconds, start, g = found[0]
+    more = f" ({len(found) - 1} more GPU(s) likewise)" if len(found) > 1 else ""
+    message = (f"{_label(g)} sat idle for {_duration(seconds)} in one stretch, from {_duration(start)} into "
+               f"the job, though it averaged {g.util_mean:.0f}%{more}: the job held its GPUs while they "
+               "waited.")
+    evidence = {"idle_stretch_s": round(seconds), "idle_from_s": round(start), "elapsed_s": elapsed,
+                "idle_stretch_pct": _pct(100.0 * seconds / elapsed) if elapsed else None,
+                "gpus": [_where(x, idle_stretch_s=round(s), idle_from_s=round(f),
+                                util_mean_pct=_pct(x.util_mean or 0)) for s, f, x in found]}
+    fix = ("If the GPU work was over, end the job there (run what follows as a CPU job with "
+           "'#SBATCH --dependency=afterok:<jobid>'); if it waited on input, a checkpoint or another job, "
+           "that wait is the thing to fix")
+    return [_hint("idle_stretch", "warning", message, evidence, fix, sum(s for s, _, _ in found) / 3600.0)]
+
+
 # --- the rules as data ------------------------------------------------------------------------
 
 _PER_GPU = ("gpus_concerned", "gpus")
@@ -583,6 +612,15 @@ RULES: tuple[Rule, ...] = (
         ("util",), _low_util,
         evidence=("util_mean_pct", "gpu_hours_allocated", "pattern", "idle_start_s", "idle_end_s",
                   "idle_edges_pct", "low_time_pct", "high_time_pct", "switches", "target_pct", *_PER_GPU),
+    ),
+    Rule(
+        "idle_stretch", "A long idle stretch in a busy job",
+        "A mean hides a GPU that worked for an hour and then sat idle for ten minutes. Each GPU's "
+        "longest stretch of polls under 5% utilisation is recorded; one of at least 10 minutes and "
+        "10% of the run, on a GPU that did work, is reported with where in the job it was. Savings: "
+        "the stretch's GPU-hours, which the job held without using.",
+        {"idle_pct": 5.0, "min_minutes": 10.0, "min_fraction": 0.1}, ("util",), _idle_stretch,
+        evidence=("idle_stretch_s", "idle_from_s", "elapsed_s", "idle_stretch_pct", "gpus"),
     ),
     Rule(
         "falsely_busy", "Busy but doing little",

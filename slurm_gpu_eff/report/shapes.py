@@ -103,6 +103,8 @@ class GpuLine:
             own_util_mean=self.metric("own_util"),
             own_mem_used_max_bytes=self.metric("own_mem_used_bytes", "max"),
             hardware_faults=self.hardware_faults, timeline=g.timeline,
+            idle_longest_s=None if g.idle_longest is None else g.idle_longest.get("seconds"),
+            idle_longest_from_s=None if g.idle_longest is None else g.idle_longest.get("from_s"),
         )
         return out
 
@@ -169,6 +171,17 @@ class JobReport:
     def idle_gpus(self) -> list[GpuLine]:
         return [g for g in self.gpus if g.idle]
 
+    @property
+    def longest_idle(self) -> dict[str, Any] | None:
+        """The longest idle stretch of a GPU that did work (a minute or more), or None."""
+        stretches = [(float(g.summary.idle_longest.get("seconds") or 0.0), g) for g in self.gpus
+                     if not g.idle and g.summary is not None and g.summary.idle_longest]
+        seconds, g = max(stretches, key=lambda s: s[0], default=(0.0, None))
+        if g is None or seconds < 60 or g.summary is None or g.summary.idle_longest is None:
+            return None
+        return {"node": g.node, "minor": g.minor, "seconds": seconds,
+                "from_s": float(g.summary.idle_longest.get("from_s") or 0.0)}
+
     def to_dict(self) -> dict[str, Any]:
         job = self.job
         return {
@@ -188,7 +201,7 @@ class JobReport:
             "hints": [h.to_dict() for h in self.hints],
             "hardware_faults": [f"{g.node} GPU {g.minor}: {f}" for g in self.gpus
                                 for f in g.hardware_faults],
-            "coverage_pct": self.coverage_pct,
+            "coverage_pct": self.coverage_pct, "longest_idle": self.longest_idle,
             "gpus": [{**g.to_dict(), "coverage_pct": self.gpu_coverage_pct(g)} for g in self.gpus],
         }
 

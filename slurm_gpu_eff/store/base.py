@@ -51,7 +51,7 @@ USAGE_NODE_KEY = (*USAGE_KEY, "node")
 # A rule's bit in hint_mask: append only, never reorder (stored masks keep their meaning).
 HINT_BITS = ("idle_gpus", "low_util", "falsely_busy", "tensor_cores_unused", "memory_bound",
              "gpu_memory", "pcie_bound", "nvlink_bound", "spread_nodes", "cpu_side", "time_limit",
-             "short_job", "hardware")
+             "short_job", "hardware", "idle_stretch")
 
 # The daily rollup (m005): per local day and (cluster, user, account, partition, GPU
 # model), the sums a report adds up (store/usage.py SUMS: GPU-seconds clipped to the

@@ -537,3 +537,37 @@ def test_the_doc_check_notices_a_stale_file(tmp_path: Path) -> None:
     assert script.main(["--check"]) == 1
     assert script.main([]) == 0 and script.main(["--check"]) == 0
     assert script.TARGET.read_text(encoding="utf-8") == rules_markdown()
+
+
+# -- idle_stretch: a mean hides a GPU that worked and then idled for ten minutes -------------
+
+def test_a_long_idle_stretch_in_a_busy_job(job_report: Reports, gpu: Gpus) -> None:
+    report = job_report([gpu(util=80.0, idle_longest={"from_s": 1800.0, "seconds": 900.0}), gpu(minor=1)])
+    (hint,) = [h for h in evaluate(report) if h.id == "idle_stretch"]
+    assert hint.severity == "warning" and hint.savings_gpu_hours == pytest.approx(0.25)
+    assert hint.evidence["idle_stretch_s"] == 900 and hint.evidence["idle_from_s"] == 1800
+    assert hint.evidence["idle_stretch_pct"] == pytest.approx(25.0)
+    assert "gpu1 GPU 0 sat idle for 15 min in one stretch, from 30 min into the job" in hint.message
+
+
+@pytest.mark.parametrize(("util", "longest", "elapsed_s"), [
+    (80.0, {"from_s": 0.0, "seconds": 599.0}, 3600),  # under 10 minutes
+    (80.0, {"from_s": 0.0, "seconds": 900.0}, 10000),  # under 10% of the run
+    (2.0, {"from_s": 0.0, "seconds": 3600.0}, 3600),  # an idle GPU: idle_gpus says it
+    (80.0, None, 3600),  # not recorded (a summary from before it was)
+])
+def test_no_idle_stretch_hint(job_report: Reports, gpu: Gpus, util: float, longest: Any,
+                              elapsed_s: int) -> None:
+    report = job_report([gpu(util=util, idle_longest=longest)], elapsed_s=elapsed_s)
+    assert "idle_stretch" not in [h.id for h in evaluate(report)]
+
+
+def test_the_report_names_the_longest_idle_stretch(job_report: Reports, gpu: Gpus) -> None:
+    from slurm_gpu_eff.report.render import render_text
+
+    report = job_report([gpu(util=80.0, idle_longest={"from_s": 1800.0, "seconds": 900.0}),
+                         gpu(minor=1, idle_longest={"from_s": 10.0, "seconds": 30.0})])
+    assert report.to_dict()["longest_idle"] == {"node": "gpu1", "minor": 0, "seconds": 900.0,
+                                                "from_s": 1800.0}
+    assert "Longest idle stretch: gpu1 GPU 0, 00:15:00 from 00:30:00 into the job" in render_text(report)
+    assert job_report([gpu(idle_longest={"from_s": 0.0, "seconds": 59.0})]).longest_idle is None

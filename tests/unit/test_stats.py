@@ -89,3 +89,15 @@ def test_memory_is_constant_whatever_the_number_of_readings() -> None:
     assert stat.samples == 10_000
     assert stat.mean == pytest.approx(49.5, abs=1e-9)
     assert (stat.min, stat.max, stat.last) == (0.0, 99.0, 99.0)
+
+
+def test_the_longest_idle_stretch_of_a_gpu() -> None:
+    """Polls under 5% in a row make a stretch, a busy poll ends it, an unmeasured one
+    neither grows nor ends it; the longest is kept with where it began."""
+    from slurm_gpu_eff.node.sampler import GpuStats
+
+    track = GpuStats(gpu=None)  # type: ignore[arg-type]
+    utils = [90, 90, 1, 0, 2, 90, 0, 0, None, 0, 0, 4, 90]  # one poll a second from t=1
+    for t, util in enumerate(utils, start=1):
+        track._add_idle(float(t), 1.0, None if util is None else float(util))
+    assert track.idle_longest == (6.0, 6.0)  # t=7..12: 6 s (the unmeasured poll in it)
