@@ -19,18 +19,22 @@ from ..report.shapes import GroupReport, JobReport
 from .chart import HEIGHT, WIDTH, util_png
 from .notice import Notice
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+# C0 and C1 controls (NEL, U+0085, is a line break to Python's email package) and the
+# Unicode line and paragraph separators
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 SUBJECT_MAX = 400
 # Headers on one line up to SMTP's 998 (Slurm's subject and the outcome fit): folded, a
 # subject would be read back with a space in front.
 POLICY = email.policy.default.clone(max_line_length=998)
 # A recipient as Slurm passes it: one address or a user name, several split by commas.
-_ADDRESS = re.compile(r"^[A-Za-z0-9._%+=~^{}!#$&'*/?`|-]+(@[A-Za-z0-9.-]+)?$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9._%+=~^{}!#$&'*?-]+(@[A-Za-z0-9][A-Za-z0-9.-]*)?$")
 
 
 def header_safe(text: str, most: int = SUBJECT_MAX) -> str:
     """One line: control characters (CR, LF, ...) become a space, and long text is cut."""
-    line = _CONTROL.sub(" ", text).strip()
+    # "=?" would let a job name be read as an RFC 2047 encoded word (one that decodes to
+    # a line break and a header): broken up, it is text
+    line = _CONTROL.sub(" ", text).replace("=?", "= ?").strip()
     return line if len(line) <= most else line[: most - 1] + "\u2026"
 
 
@@ -38,7 +42,7 @@ def recipients(text: str) -> list[str]:
     """The addresses in Slurm's RECIPIENT (its --mail-user: possibly a comma list); a
     value that is no address (a leading '-', spaces, angle brackets) is refused."""
     found = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [part for part in found if not _ADDRESS.match(part) or part.startswith("-")]
+    bad = [part for part in found if not _ADDRESS.match(part) or part.startswith(("-", "|", "/", "."))]
     if bad or not found:
         raise ValueError(f"not a mail address: {header_safe(', '.join(bad) or text, 80)!r}")
     return found

@@ -35,7 +35,13 @@ POLICY = email.policy.default.clone(max_line_length=998)  # as message.py writes
 
 
 class MailError(GpuEffError):
-    """The mail server or program did not take a message (it waits, and is retried)."""
+    """The mail server or program did not take a message: it waits and is retried, unless
+    `permanent` (the server refused it for good: 5xx), or only `refused` some recipients
+    (the others have it: only those are tried again)."""
+
+    def __init__(self, message: str, permanent: bool = False, refused: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.permanent, self.refused = permanent, refused or []
 
 
 # -- how a message leaves ---------------------------------------------------------------------
@@ -63,10 +69,18 @@ class Smtp:
                 if self.user:
                     client.login(self.user, Path(self.password_file).read_text().strip())
                 refused = client.send_message(message, to_addrs=to)
+        except smtplib.SMTPRecipientsRefused as exc:  # every recipient: a 5xx is for good
+            codes = [code for code, _ in exc.recipients.values()]
+            raise MailError(f"SMTP {self.host}:{self.port} refused every recipient: {exc.recipients}",
+                            permanent=all(c >= 500 for c in codes)) from exc
+        except smtplib.SMTPResponseException as exc:
+            raise MailError(f"SMTP {self.host}:{self.port}: {exc}", permanent=exc.smtp_code >= 500) from exc
         except (OSError, smtplib.SMTPException) as exc:
             raise MailError(f"SMTP {self.host}:{self.port}: {exc}") from exc
-        if refused:
-            raise MailError(f"SMTP {self.host}:{self.port} refused {', '.join(refused)}")
+        if refused:  # the others took it: only these are tried again (or given up, 5xx)
+            raise MailError(f"SMTP {self.host}:{self.port} refused {', '.join(refused)}",
+                            permanent=all(code >= 500 for code, _ in refused.values()),
+                            refused=sorted(refused))
 
 
 @dataclass(frozen=True)
@@ -123,13 +137,27 @@ class Outbox:
         body = {"subject": subject, "recipient": recipient, "env": slurm, "at": now}
         return _write(self.requests / f"{now:.6f}-{uuid.uuid4().hex}.json", json.dumps(body).encode())
 
+    def claim(self, request: Path) -> Path | None:
+        """The request, taken by this process (renamed: one taker, whoever asks); None if
+        another took it first."""
+        taken = request.with_name(f"{request.name.split('.json')[0]}.json.taken{os.getpid()}")
+        try:
+            os.rename(request, taken)
+        except FileNotFoundError:
+            return None
+        os.utime(taken)  # a taken request is old once its taker had time to finish it
+        return taken
+
     def pending_requests(self, older_than_s: float, now: float) -> list[Path]:
-        """Requests a worker should have finished by now (it was killed, or the host rebooted)."""
-        return sorted(p for p in self.requests.glob("*.json") if now - _mtime(p, now) > older_than_s)
+        """Requests a worker should have finished by now (it was killed, or the host
+        rebooted), taken or not."""
+        return sorted(p for p in self.requests.iterdir() if ".json" in p.name and not p.name.startswith(".")
+                      and not p.name.endswith(".corrupt") and now - _mtime(p, now) > older_than_s)
 
     # messages
-    def post(self, message: EmailMessage, to: list[str], now: float, job: str = "") -> str:
-        name = f"{now:.6f}-{uuid.uuid4().hex}"
+    def post(self, message: EmailMessage, to: list[str], now: float, job: str = "", name: str = "") -> str:
+        """Into the outbox as `name` (a request's own: made again, it replaces itself)."""
+        name = name or f"{now:.6f}-{uuid.uuid4().hex}"
         _write(self.outbox / f"{name}.json",
                json.dumps({"to": to, "first_at": now, "next_at": now, "tries": 0, "job": job}).encode())
         _write(self.outbox / f"{name}.eml", message.as_bytes())
@@ -166,8 +194,10 @@ class Outbox:
                     tries = int(meta.get("tries", 0)) + 1
                     meta.update(tries=tries, last_error=str(exc),
                                 next_at=now + min(retry_max_s, retry_s * 2 ** (tries - 1)))
+                    if exc.refused:
+                        meta["to"] = exc.refused
                     done.errors.append(str(exc))
-                    if now - float(meta.get("first_at", now)) >= retry_for_s:
+                    if exc.permanent or now - float(meta.get("first_at", now)) >= retry_for_s:
                         _write(self.failed / f"{name}.json", json.dumps(meta).encode())
                         os.replace(body_path, self.failed / f"{name}.eml")
                         meta_path.unlink(missing_ok=True)
@@ -182,14 +212,34 @@ class Outbox:
         return done
 
     def first_report(self, key: str) -> bool:
-        """True the first time for this job run: its report is sent once, whichever of
-        Slurm's mails (time limit, then FAIL) asks first."""
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
+        """Marks this job run's report as sent (once it is in the outbox): whichever of
+        Slurm's mails (time limit, then FAIL) comes first carries it. True the first time."""
         try:
-            os.close(os.open(self.reported / safe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            os.close(os.open(self._reported(key), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except FileExistsError:
             return False
         return True
+
+    def reported_already(self, key: str) -> bool:
+        return self._reported(key).exists()
+
+    def _reported(self, key: str) -> Path:
+        return self.reported / "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
+
+    @contextlib.contextmanager
+    def retrier(self) -> Iterator[bool]:
+        """Held by the one process that waits to try the outbox again (True), so that a
+        mail server away for a day leaves one sleeping process, not one per message."""
+        fd = os.open(self.root / "retrier.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
 
     @contextlib.contextmanager
     def _locked(self, name: str) -> Iterator[bool]:

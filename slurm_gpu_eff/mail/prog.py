@@ -13,6 +13,7 @@ by hand) sends what is due and finishes requests a killed worker left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -64,18 +65,32 @@ def mailprog(args: list[str], env: Mapping[str, str], detach: bool = True) -> in
         request = Outbox(config.mail_spool_dir).make().request(subject, recipient, env, time.time())
     except OSError as exc:  # no spool (disk full, unwritable): Slurm's notice at once
         log.error("mail spool %s unusable (%s): sending Slurm's notice directly", config.mail_spool_dir, exc)
-        return _direct(config, read_notice(subject, recipient, env), f"(gpueff-mail: {exc.strerror})")
+        return _direct(config, _notice_anyway(subject, recipient, env), f"(gpueff-mail: {exc.strerror})")
     if detach:
-        _start_worker(config, request)
+        try:
+            _start_worker(config, request)
+        except OSError as exc:  # no process to be had: the notice now, the request stays for --flush
+            log.error("cannot start a mail worker (%s): sending Slurm's notice directly", exc)
+            request.unlink(missing_ok=True)
+            return _direct(config, _notice_anyway(subject, recipient, env), "")
     return 0
 
 
 def _start_worker(config: Config, request: Path) -> None:
-    """A process of its own session and no open pipe: slurmctld sees the MailProg end."""
+    """A process of its own session holding none of slurmctld's pipes: slurmctld sees the
+    MailProg end at once. Its stderr goes to the mail log (a worker that cannot start says
+    why there)."""
     python = config.python or sys.executable
-    subprocess.Popen([python, "-I", "-m", "slurm_gpu_eff.mail.prog", "--work", str(request)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True, env=_keep(os.environ))
+    try:
+        err = os.open(config.mail_log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError:
+        err = os.open(os.devnull, os.O_WRONLY)
+    try:
+        subprocess.Popen([python, "-I", "-m", "slurm_gpu_eff.mail.prog", "--work", str(request)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                         start_new_session=True, close_fds=True, env=_keep(os.environ))
+    finally:
+        os.close(err)
 
 
 def _keep(env: Mapping[str, str]) -> dict[str, str]:
@@ -89,12 +104,18 @@ def work(request: Path, clock: Callable[[], float] = time.time, sleep: Callable[
     _logging(config)
     box = Outbox(config.mail_spool_dir).make()
     transport = transport or transport_for(config)
-    try:
-        names = make_message(box, request, config, clock, sleep)
-    except Exception:  # a bug: the notice must still go out
-        log.exception("gpueff-mail: making the message for %s failed", request)
-        names = _fallback(box, request, config, clock)
+    taken = box.claim(request)
+    names = _made(box, taken, config, clock, sleep) if taken is not None else []
     return _send_until_done(box, set(names), config, transport, clock, sleep)
+
+
+def _made(box: Outbox, taken: Path, config: Config, clock: Callable[[], float],
+          sleep: Callable[[float], None], wait: bool = True) -> list[str]:
+    try:
+        return make_message(box, taken, config, clock, sleep, wait)
+    except Exception:  # a bug: the notice must still go out
+        log.exception("gpueff-mail: making the message for %s failed", taken)
+        return _fallback(box, taken, config, clock)
 
 
 def flush(config: Config | None = None, transport: Transport | None = None,
@@ -106,7 +127,9 @@ def flush(config: Config | None = None, transport: Transport | None = None,
     box = Outbox(config.mail_spool_dir).make()
     transport = transport or transport_for(config)
     for request in box.pending_requests(2 * config.mail_wait_s + 60, clock()):
-        make_message(box, request, config, clock, lambda s: None, wait=False)
+        taken = box.claim(request)
+        if taken is not None:
+            _made(box, taken, config, clock, lambda s: None, wait=False)
     done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
                        config.mail_retry_for_s)
     _log_delivery(done)
@@ -131,16 +154,27 @@ def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[],
         log.error("job %s: %s: not sent", notice.job_id, exc)
         request.unlink(missing_ok=True)
         return []
+    report_key: list[str] = []
     message = build(notice, config, clock, sleep if wait else (lambda s: None),
-                    deadline=float(raw.get("at", clock())) + (config.mail_wait_s if wait else 0.0))
-    name = box.post(message, to, clock(), job=notice.job_id)
+                    deadline=float(raw.get("at", clock())) + (config.mail_wait_s if wait else 0.0),
+                    report_key=report_key)
+    # named after the request: made again (its taker killed before the end), it replaces itself
+    name = box.post(message, to, clock(), job=notice.job_id, name=_stem(request))
+    for key in report_key:  # only now: a report that never reached the outbox was not sent
+        box.first_report(key)
     request.unlink(missing_ok=True)
     return [name]
 
 
+def _stem(request: Path) -> str:
+    return request.name.split(".json")[0]
+
+
 def build(notice: Notice, config: Config, clock: Callable[[], float], sleep: Callable[[float], None],
-          deadline: float, find: Callable[[Notice, Config], Any] | None = None) -> EmailMessage:
-    """The report's message for the end of a GPU job, else Slurm's plain notice."""
+          deadline: float, find: Callable[[Notice, Config], Any] | None = None,
+          report_key: list[str] | None = None) -> EmailMessage:
+    """The report's message for the end of a GPU job, else Slurm's plain notice. With a
+    report, its job run's key goes into `report_key` (the caller marks it sent)."""
     from_ = sender(config.mail_from)
     why = _no_report(notice, config)
     if why is not None:
@@ -168,10 +202,13 @@ def build(notice: Notice, config: Config, clock: Callable[[], float], sleep: Cal
     short = _too_small(report, config)
     if short:
         return plain_notice(notice, from_)
-    key = f"{notice.cluster}-{notice.job_id}-{getattr(getattr(report, 'job', None), 'start', '')}"
-    if not Outbox(config.mail_spool_dir).make().first_report(key):
+    starts = [r.job.start for r in getattr(report, "reports", [report])]
+    key = f"{notice.cluster}-{notice.job_id}-{max(starts, default='')}"
+    if Outbox(config.mail_spool_dir).make().reported_already(key):
         return plain_notice(notice, from_, f"The GPU report of job {notice.job_id} went out with an "
                                            "earlier mail.")
+    if report_key is not None:
+        report_key.append(key)
     return report_message(notice, from_, report, footer=config.mail_footer)
 
 
@@ -222,30 +259,51 @@ def _opted_out(path: str) -> set[str]:
 
 
 def _fallback(box: Outbox, request: Path, config: Config, clock: Callable[[], float]) -> list[str]:
+    """Slurm's notice, whatever went wrong in making the message; a request that cannot
+    even give that is set aside (`.corrupt`), never left to fail every --flush."""
     try:
         raw = json.loads(request.read_text())
-        notice = read_notice(str(raw["subject"]), str(raw["recipient"]), raw.get("env") or {})
+        notice = _notice_anyway(str(raw["subject"]), str(raw["recipient"]), raw.get("env") or {})
         name = box.post(plain_notice(notice, sender(config.mail_from), "(gpueff-mail could not add the "
-                                     "GPU report: see its log)"), recipients(notice.recipient), clock())
+                                     "GPU report: see its log)"), recipients(notice.recipient), clock(),
+                        name=_stem(request))
     except Exception:
-        log.exception("gpueff-mail: request %s left in the spool for `gpueff-mail --flush`", request)
+        log.exception("gpueff-mail: request %s cannot be sent: set aside", request)
+        with contextlib.suppress(OSError):
+            request.rename(request.with_name(request.name + ".corrupt"))
         return []
     request.unlink(missing_ok=True)
     return [name]
 
 
+def _notice_anyway(subject: str, recipient: str, env: Mapping[str, str]) -> Notice:
+    """The notice, or (no job id anywhere: someone's test, a wrapper's subject) one with
+    Slurm's subject and recipient only."""
+    try:
+        return read_notice(subject, recipient, env)
+    except GpuEffError:
+        return Notice(subject=subject, recipient=recipient, job_id="", mail_type="", state="", user="",
+                      cluster="", name="")
+
+
 def _send_until_done(box: Outbox, names: set[str], config: Config, transport: Transport,
                      clock: Callable[[], float], sleep: Callable[[float], None]) -> int:
-    while names:
-        done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
-                           config.mail_retry_for_s, only=names)
-        _log_delivery(done)
-        names -= set(done.sent) | set(done.given_up)
-        names &= set(box.names())
-        if not names:
-            break
-        due = min(box_due(box, n) for n in names)
-        sleep(max(1.0, due - clock()))
+    """Send this worker's message; if the server would not take it, one process (the
+    retrier: whoever holds its lock) tries the whole outbox again until it is empty."""
+    done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
+                       config.mail_retry_for_s, only=names)
+    _log_delivery(done)
+    if not set(names) & set(box.names()):
+        return 0
+    with box.retrier() as mine:
+        if not mine:
+            return 0  # the retrier sends it with the rest
+        while box.names():
+            due = box.next_due()
+            sleep(max(1.0, (due if due is not None else clock()) - clock()))
+            done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
+                               config.mail_retry_for_s)
+            _log_delivery(done)
     return 0
 
 
@@ -271,7 +329,7 @@ def _as_slurm_would(subject: str, rcpts: list[str]) -> int:
     for program in ("/usr/bin/mail", "/bin/mail", "/usr/bin/mailx"):
         if os.access(program, os.X_OK):
             try:
-                return subprocess.run([program, "-s", subject, *rcpts], stdin=subprocess.DEVNULL,
+                return subprocess.run([program, "-s", header_safe(subject), *rcpts], stdin=subprocess.DEVNULL,
                                       timeout=60, check=False).returncode
             except (OSError, subprocess.TimeoutExpired) as exc:
                 sys.stderr.write(f"gpueff-mail: {program}: {exc}\n")

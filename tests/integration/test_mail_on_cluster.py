@@ -116,7 +116,9 @@ def test_a_hostile_job_name_adds_no_header_and_is_escaped(cluster: Cluster, smtp
     job = cluster.wait_played(gpu_job(cluster, "--mail-type=END", f"--job-name={HOSTILE}"))
     (to, message), = smtp.inbox.wait(job)
     assert to == [f"alice@{DOMAIN}"] and message["Bcc"] is None
-    assert "\n" not in str(message["Subject"])
+    name = cluster.run(["sacct", "-j", job, "-X", "-n", "-P", "--format=JobName"]).out
+    assert "\nBcc: victim" in name  # Slurm kept the line break: it reached gpueff-mail
+    assert "\n" not in str(message["Subject"]) and "x Bcc: victim@example.org <b>" in str(message["Subject"])
     page = message.get_payload()[1].get_payload()[0].get_content()  # type: ignore[index,union-attr]
     assert "&lt;b&gt;" in page and "<b>" not in page
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import email
 import email.policy
 import socket
+import time
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
 from pathlib import Path
@@ -215,13 +216,53 @@ def test_opted_out_users_and_small_jobs_get_slurm_s_notice(config: Config, idle_
     assert not m.is_multipart()
 
 
-def test_one_report_a_job_whichever_mail_asks_first(config: Config, idle_report: Any) -> None:
-    first = prog.build(notice(SLURM_JOB_MAIL_TYPE="Reached time limit"), config, Clock(), Clock().sleep,
-                       deadline=2000, find=lambda n, c: idle_report)
-    second = prog.build(notice(SLURM_JOB_MAIL_TYPE="Failed", SLURM_JOB_STATE="TIMEOUT"), config, Clock(),
-                        Clock().sleep, deadline=2000, find=lambda n, c: idle_report)
-    assert first.is_multipart() and not second.is_multipart()
-    assert "went out with an earlier mail" in second.get_content()
+def test_one_report_a_job_whichever_mail_asks_first(config: Config, idle_report: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prog, "find_report", lambda n, c: idle_report)
+    box, clock = Outbox(config.mail_spool_dir).make(), Clock()
+    sent = []
+    for env in ({**ENV, "SLURM_JOB_MAIL_TYPE": "Reached time limit"},
+                {**ENV, "SLURM_JOB_MAIL_TYPE": "Failed", "SLURM_JOB_STATE": "TIMEOUT"}):
+        taken = box.claim(box.request(END_SUBJECT, "alice", env, clock()))
+        assert taken is not None
+        (name,) = prog.make_message(box, taken, config, clock, clock.sleep)
+        sent.append(email.message_from_bytes((box.outbox / f"{name}.eml").read_bytes(),
+                                             policy=email.policy.default))
+    assert sent[0].is_multipart() and not sent[1].is_multipart()
+    assert "went out with an earlier mail" in sent[1].get_content()
+
+
+def test_a_report_that_never_reached_the_outbox_was_not_sent(config: Config, idle_report: Any) -> None:
+    """The mark is made once the message is in the outbox, not when it is built."""
+    key: list[str] = []
+    prog.build(notice(), config, Clock(), Clock().sleep, deadline=2000, find=lambda n, c: idle_report,
+               report_key=key)
+    again = prog.build(notice(), config, Clock(), Clock().sleep, deadline=2000,
+                       find=lambda n, c: idle_report)
+    assert key and again.is_multipart()
+
+
+def test_a_request_is_taken_once(tmp_path: Path) -> None:
+    box = Outbox(str(tmp_path)).make()
+    request = box.request(END_SUBJECT, "alice", ENV, 1.0)
+    assert box.claim(request) is not None and box.claim(request) is None
+
+
+def test_a_bad_request_is_set_aside_and_flush_goes_on(config: Config, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """No job id anywhere (someone's test of the MailProg) and a job name Python's email
+    package would refuse in a header: Slurm's notice still goes out; a request that cannot
+    give even that is set aside, and the rest of the spool is sent."""
+    box = Outbox(config.mail_spool_dir).make()
+    box.request("test", "root", {}, 1.0)
+    box.request("Slurm Job_id=7 Name=a\x85Bcc: x@y Began", "alice", {}, 1.0)
+    (box.requests / "0-broken.json").write_text("{not json")
+    server = Recorder()
+    later = time.time() + 1e6  # long after: a worker should have finished them
+    assert prog.flush(config, server, clock=lambda: later) == 0
+    assert sorted(s for s, _ in server.sent) == ["Slurm Job_id=7 Name=a Bcc: x@y Began", "test"]
+    assert [p.name for p in box.requests.iterdir()] == ["0-broken.json.corrupt"]
+    assert prog.flush(config, server, clock=lambda: later) == 0 and len(server.sent) == 2  # nothing twice
 
 
 # -- the spool ---------------------------------------------------------------------------------
@@ -247,6 +288,24 @@ def test_the_server_away_the_message_waits_doubling_then_goes_once(tmp_path: Pat
     assert box.deliver(server, 1180.0, 60, 1800, 86400).sent == [name]
     assert box.deliver(server, 9999.0, 60, 1800, 86400).sent == []
     assert server.sent == [(END_SUBJECT, ["alice"])] and box.names() == []
+
+
+def test_a_recipient_refused_for_good_is_not_retried_and_the_others_not_sent_again(tmp_path: Path) -> None:
+    box = Outbox(str(tmp_path)).make()
+    name = box.post(plain_notice(notice(recipient="alice,bob"), "slurm@example.org"), ["alice", "bob"], 1.0)
+
+    class Partial(Recorder):
+        def send(self, message: EmailMessage, to: list[str]) -> None:
+            self.sent.append((str(message["Subject"]), to))
+            raise MailError("refused bob", permanent=False, refused=["bob"])
+
+    server = Partial()
+    assert box.deliver(server, 1.0, 60, 1800, 86400).waiting == [name]
+    box.deliver(server, 100.0, 60, 1800, 86400)
+    assert [to for _, to in server.sent] == [["alice", "bob"], ["bob"]]  # alice had it
+    gone = Recorder(fail=0)
+    gone.send = lambda m, to: (_ for _ in ()).throw(MailError("550 no such user", permanent=True))  # type: ignore[method-assign]
+    assert box.deliver(gone, 1000.0, 60, 1800, 86400).given_up == [name]
 
 
 def test_given_up_after_retry_for_s_and_kept(tmp_path: Path) -> None:
@@ -354,3 +413,45 @@ def test_a_broken_config_hands_slurm_s_notice_to_mail(tmp_path: Path,
                         lambda argv, **kw: calls.append(argv) or type("Done", (), {"returncode": 0})())
     assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV, detach=False) == 0
     assert calls == [["/usr/bin/mail", "-s", END_SUBJECT, "alice"]]
+
+
+def test_gpueff_mail_returns_to_slurm_at_once_and_its_worker_holds_nothing_of_slurm_s(
+        tmp_path: Path) -> None:
+    """slurmctld reads the MailProg's output until end of file, and kills its process
+    group at 120 s: the MailProg must close its end at once, and the worker (here kept
+    waiting for a mail server that is not there) live in a session of its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    conf = tmp_path / "gpueff.conf"
+    conf.write_text(f"[mail]\nenabled = false\nsmtp_host = 127.0.0.1\nsmtp_port = {free_port()}\n"
+                    f"spool_dir = {tmp_path / 'spool'}\nlog_file = {tmp_path / 'mail.log'}\nretry_s = 30\n")
+    program = Path(sys.executable).parent / "gpueff-mail"
+    started = time.monotonic()
+    proc = subprocess.Popen([str(program), "-s", END_SUBJECT, "alice"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**ENV, "GPUEFF_CONFIG": str(conf)})
+    out, err = proc.communicate(timeout=30)  # returns at end of file on both pipes
+    took = time.monotonic() - started
+    assert proc.returncode == 0 and took < 5, (took, err)
+    workers = []
+    for _ in range(50):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    cmdline = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"--work" in cmdline and str(tmp_path).encode() in cmdline:
+                    workers.append(int(entry.name))
+        if workers:
+            break
+        time.sleep(0.1)
+    try:
+        assert workers, "no worker started"
+        (worker,) = workers
+        assert os.getsid(worker) == worker != os.getsid(0)  # a session (and group) of its own
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
