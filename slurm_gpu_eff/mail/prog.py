@@ -43,36 +43,45 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return work(Path(args[1]))
     if args == ["--flush"]:
         return flush()
-    return mailprog(args, env)
+    try:
+        mailprog(args, env)
+    except Exception as exc:  # a bug: said where slurmctld logs it, never raised to Slurm
+        sys.stderr.write(f"gpueff-mail: internal error: {exc!r}\n")
+        log.exception("gpueff-mail: internal error")
+    return 0
 
 
 def mailprog(args: list[str], env: Mapping[str, str], detach: bool = True) -> int:
-    """Take Slurm's request and return: 0 once it is safe in the spool (or, the spool
-    unusable, once the plain notice went out directly)."""
+    """Take Slurm's request and return at once, always 0 (as every hook of ours: what
+    fails is said on stderr, which slurmctld logs, and in the mail log): once the request
+    is in the spool, or, the spool unusable, once Slurm's notice went out directly (a few
+    seconds at most)."""
     try:
         subject, rcpts = parse_args(args)
     except GpuEffError as exc:
-        sys.stderr.write(f"gpueff-mail: {exc}\n")  # slurmctld logs it
-        return 1
+        sys.stderr.write(f"gpueff-mail: {exc}\n")
+        return 0
     try:
         config = load_config()
         _logging(config)
     except GpuEffError as exc:  # no settings to send with: as Slurm itself would
         sys.stderr.write(f"gpueff-mail: {exc}: handing Slurm's notice to mail(1)\n")
-        return _as_slurm_would(subject, rcpts)
+        _as_slurm_would(subject, rcpts)
+        return 0
     recipient = ",".join(rcpts)
     try:
         request = Outbox(config.mail_spool_dir).make().request(subject, recipient, env, time.time())
     except OSError as exc:  # no spool (disk full, unwritable): Slurm's notice at once
         log.error("mail spool %s unusable (%s): sending Slurm's notice directly", config.mail_spool_dir, exc)
-        return _direct(config, _notice_anyway(subject, recipient, env), f"(gpueff-mail: {exc.strerror})")
+        _direct(config, _notice_anyway(subject, recipient, env), f"(gpueff-mail: {exc.strerror})")
+        return 0
     if detach:
         try:
             _start_worker(config, request)
         except OSError as exc:  # no process to be had: the notice now, the request stays for --flush
             log.error("cannot start a mail worker (%s): sending Slurm's notice directly", exc)
             request.unlink(missing_ok=True)
-            return _direct(config, _notice_anyway(subject, recipient, env), "")
+            _direct(config, _notice_anyway(subject, recipient, env), "")
     return 0
 
 
@@ -314,14 +323,18 @@ def box_due(box: Outbox, name: str) -> float:
         return 0.0
 
 
-def _direct(config: Config, notice: Notice, why: str) -> int:
+DIRECT_TIMEOUT_S = 15.0  # a send from the MailProg itself: well inside slurmctld's 120 s
+
+
+def _direct(config: Config, notice: Notice, why: str) -> bool:
     try:
-        transport_for(config).send(plain_notice(notice, sender(config.mail_from), why),
-                                   recipients(notice.recipient))
+        transport_for(config, DIRECT_TIMEOUT_S).send(plain_notice(notice, sender(config.mail_from), why),
+                                                     recipients(notice.recipient))
     except (MailError, ValueError) as exc:
-        sys.stderr.write(f"gpueff-mail: {exc}\n")
-        return 1
-    return 0
+        sys.stderr.write(f"gpueff-mail: Slurm's notice not sent: {exc}\n")
+        log.error("Slurm's notice not sent: %s", exc)
+        return False
+    return True
 
 
 def _as_slurm_would(subject: str, rcpts: list[str]) -> int:
@@ -330,7 +343,7 @@ def _as_slurm_would(subject: str, rcpts: list[str]) -> int:
         if os.access(program, os.X_OK):
             try:
                 return subprocess.run([program, "-s", header_safe(subject), *rcpts], stdin=subprocess.DEVNULL,
-                                      timeout=60, check=False).returncode
+                                      timeout=DIRECT_TIMEOUT_S, check=False).returncode
             except (OSError, subprocess.TimeoutExpired) as exc:
                 sys.stderr.write(f"gpueff-mail: {program}: {exc}\n")
                 return 1
@@ -338,11 +351,11 @@ def _as_slurm_would(subject: str, rcpts: list[str]) -> int:
     return 1
 
 
-def transport_for(config: Config) -> Transport:
+def transport_for(config: Config, timeout_s: float = 30.0) -> Transport:
     if config.mail_transport == "sendmail":
-        return Sendmail(config.mail_sendmail)
+        return Sendmail(config.mail_sendmail, timeout_s)
     return Smtp(config.mail_smtp_host, config.mail_smtp_port, config.mail_smtp_security,
-                config.mail_smtp_user, config.mail_smtp_password_file)
+                config.mail_smtp_user, config.mail_smtp_password_file, timeout_s)
 
 
 def _log_delivery(done: Delivered) -> None:

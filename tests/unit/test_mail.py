@@ -455,3 +455,19 @@ def test_gpueff_mail_returns_to_slurm_at_once_and_its_worker_holds_nothing_of_sl
     finally:
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_mailprog_exits_0_within_seconds_whatever_fails(config: Config, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """No spool to write and no mail server: Slurm's notice is tried directly, the failure
+    said on stderr (slurmctld logs it), and the MailProg still exits 0, fast."""
+    (tmp_path / "file").write_text("")
+    config.mail_spool_dir = str(tmp_path / "file" / "spool")  # under a file: cannot be made
+    config.mail_smtp_host, config.mail_smtp_port = "127.0.0.1", free_port()
+    monkeypatch.setattr(prog, "load_config", lambda path=None: config)
+    started = time.monotonic()
+    assert prog.main(["-s", END_SUBJECT, "alice"], ENV) == 0
+    assert time.monotonic() - started < 5
+    assert "Slurm's notice not sent" in capsys.readouterr().err
+    assert prog.main(["-s", END_SUBJECT], ENV) == 0  # no recipient: said, and 0
