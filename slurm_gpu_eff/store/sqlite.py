@@ -154,42 +154,36 @@ class SqliteStore(Store):
 
     def put_usage(self, job_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]],
                   sync: dict[str, Any]) -> None:
-        if self.readonly:
-            raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
         from .usage import longest_of, refresh_days, spans_before, spans_of, write_rows
 
-        conn = self.conn
-        try:
-            with self._writing():
-                conn.execute("begin immediate")
-                try:
-                    before = spans_before(self._run, job_rows)
-                    for table, key, rows in write_rows(job_rows, node_rows):
-                        where = " and ".join(f'"{k}" = ?' for k in key[:3])
-                        conn.executemany(f"delete from {table} where {where}",
-                                         {tuple(r[k] for k in key[:3]) for r in rows})
-                        _insert(conn, table, rows)
-                    _insert(conn, "usage_syncs", [sync])
-                    refresh_days(self._run, self.dialect, before + spans_of(job_rows), longest_of(job_rows))
-                    conn.execute("commit")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("rollback")
-                    raise
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
+        with self._usage_write() as conn:
+            before = spans_before(self._run, job_rows)
+            for table, key, rows in write_rows(job_rows, node_rows):
+                where = " and ".join(f'"{k}" = ?' for k in key[:3])
+                conn.executemany(f"delete from {table} where {where}",
+                                 {tuple(r[k] for k in key[:3]) for r in rows})
+                _insert(conn, table, rows)
+            _insert(conn, "usage_syncs", [sync])
+            refresh_days(self._run, self.dialect, before + spans_of(job_rows), longest_of(job_rows))
 
     def refresh_usage_days(self, since: float, until: float) -> int:
-        if self.readonly:
-            raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
         from .usage import refresh_days
 
+        with self._usage_write():
+            return refresh_days(self._run, self.dialect, [(since, until)])
+
+    @contextmanager
+    def _usage_write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on the usage tables, in the writers' queue; its failures
+        the store's errors."""
+        if self.readonly:
+            raise StoreError(f"cannot write to store {self.path}: it was opened read-only")
         conn = self.conn
         try:
             with self._writing():
                 conn.execute("begin immediate")
                 try:
-                    made = refresh_days(self._run, self.dialect, [(since, until)])
+                    yield conn
                     conn.execute("commit")
                 except BaseException:
                     if conn.in_transaction:
@@ -197,7 +191,6 @@ class SqliteStore(Store):
                     raise
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to store {self.path}: {exc}") from exc
-        return made
 
     def _run(self, text: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
         return self.conn.execute(text, args).fetchall()

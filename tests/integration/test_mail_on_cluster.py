@@ -4,15 +4,13 @@ setting, receives what it sends."""
 
 from __future__ import annotations
 
-import email
-import email.policy
 import shlex
 import time
 from collections.abc import Iterator
-from email.message import EmailMessage
-from typing import Any
 
 import pytest
+
+from tests.smtp import Server
 
 from .conftest import Cluster
 
@@ -22,50 +20,9 @@ DOMAIN = "gpueffdev.invalid"
 HOSTILE = "x\nBcc: victim@example.org <b>"
 
 
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[tuple[list[str], EmailMessage]] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
-        self.messages.append((list(envelope.rcpt_tos), parsed))  # type: ignore[arg-type]
-        return "250 OK"
-
-    def of(self, job_id: str) -> list[tuple[list[str], EmailMessage]]:
-        return [(to, m) for to, m in self.messages if f"Job_id={job_id} " in str(m["Subject"])]
-
-    def wait(self, job_id: str, timeout: float = 120,
-             settle: float = 4) -> list[tuple[list[str], EmailMessage]]:
-        """The job's messages, once one came and `settle` seconds passed with no other."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and not self.of(job_id):
-            time.sleep(0.5)
-        time.sleep(settle)
-        return self.of(job_id)
-
-
-class Server:
-    def __init__(self) -> None:
-        self.inbox = Inbox()
-        self.controller: Any = None
-        self.up = False
-
-    def start(self) -> None:
-        from aiosmtpd.controller import Controller
-
-        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=PORT)  # a new one each time
-        self.controller.start()
-        self.up = True
-
-    def stop(self) -> None:
-        if self.up:
-            self.controller.stop()
-            self.up = False
-
-
 @pytest.fixture(scope="module")
 def smtp() -> Iterator[Server]:
-    server = Server()
+    server = Server(PORT)
     server.start()
     yield server
     server.stop()

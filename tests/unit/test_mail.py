@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-import socket
 import time
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
@@ -22,6 +21,7 @@ from slurm_gpu_eff.mail.message import header_safe, outcome, plain_notice, recip
 from slurm_gpu_eff.mail.notice import Notice, parse_args, read_notice
 from slurm_gpu_eff.mail.outbox import MailError, Outbox, Smtp
 from slurm_gpu_eff.report.job import build_report
+from tests.smtp import Inbox, Server, free_port
 
 HOSTILE = "x\nBcc: victim@example.org <b>"
 END_SUBJECT = "Slurm Job_id=327 Name=train Ended, Run time 00:05:01, COMPLETED, ExitCode 0"
@@ -333,22 +333,6 @@ def test_the_spool_is_slurmuser_s_alone(tmp_path: Path) -> None:
 
 # -- a real SMTP server (aiosmtpd) --------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.messages: list[tuple[list[str], EmailMessage]] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
-        self.messages.append((list(envelope.rcpt_tos), parsed))  # type: ignore[arg-type]
-        return "250 OK"
-
-
 @pytest.fixture
 def smtp_port() -> int:
     return free_port()
@@ -356,20 +340,9 @@ def smtp_port() -> int:
 
 @pytest.fixture
 def smtp_server(smtp_port: int) -> Iterator[Callable[[], Inbox]]:
-    from aiosmtpd.controller import Controller
-
-    started: list[Any] = []
-
-    def start() -> Inbox:
-        inbox = Inbox()
-        controller = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
-        controller.start()
-        started.append(controller)
-        return inbox
-
-    yield start
-    for controller in started:
-        controller.stop()
+    server = Server(smtp_port)
+    yield server.start
+    server.stop()
 
 
 def test_mailprog_to_a_real_smtp_server_down_then_up(config: Config, smtp_port: int,
