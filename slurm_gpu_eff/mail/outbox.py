@@ -21,7 +21,6 @@ import os
 import smtplib
 import ssl
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -289,7 +288,3 @@ def _mtime(path: Path, default: float) -> float:
         return path.stat().st_mtime
     except OSError:
         return default
-
-
-def now() -> float:
-    return time.time()

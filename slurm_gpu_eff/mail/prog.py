@@ -316,13 +316,6 @@ def _send_until_done(box: Outbox, names: set[str], config: Config, transport: Tr
     return 0
 
 
-def box_due(box: Outbox, name: str) -> float:
-    try:
-        return float(json.loads((box.outbox / f"{name}.json").read_text()).get("next_at", 0.0))
-    except (OSError, ValueError):
-        return 0.0
-
-
 DIRECT_TIMEOUT_S = 15.0  # a send from the MailProg itself: well inside slurmctld's 120 s
 
 
