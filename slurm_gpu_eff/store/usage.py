@@ -107,16 +107,16 @@ def grouped(store: Store, selection: Selection, by: Sequence[str]) -> list[dict[
     peaks ride along in the one scan instead of a second one per percent)."""
     rows: list[dict[str, Any]] = []
     pieces = plan(store, selection, by)
-    concat = DIALECTS[store.dialect]["concat"]
     days = [p.since for p in pieces if p.rollup]
     if days:
-        group = [*_rollup_keys(by), *(['day'] if _timed(by) else [])]
-        sums = [f"sum({name}) as {name}" for name in SUMS] + [f"{concat.format(x='mem')} as mem"]
-        rows += _read_days(store, "usage_days", selection, days, group, sums, by)
-    for piece in pieces:
-        if not piece.rollup:
-            columns = [f"{sql} as {name}" for name, sql in SUMS.items()] + [f"{_mem(store.dialect)} as mem"]
-            rows += _read_runs(store, selection, piece, by, columns)
+        mem = DIALECTS[store.dialect]["concat"].format(x="mem")
+        rows += _read_days(store, selection, days, by, [*(f"sum({n}) as {n}" for n in SUMS), f"{mem} as mem"])
+    stretches = [p for p in pieces if not p.rollup]
+    if stretches:
+        columns = [*(f"{sql} as {name}" for name, sql in SUMS.items()), f"{_mem(store.dialect)} as mem"]
+        longest = _longest(store)
+        for piece in stretches:
+            rows += _read_runs(store, selection, piece, by, columns, longest)
     # A scan with nothing to group gives one row of nulls even where no run was
     return _added([r for r in rows if r["jobs"] is not None], _aliases(by))
 
@@ -197,14 +197,16 @@ def _longest(store: Store) -> float | None:
     return float(rows[0]["value"]) if rows and rows[0]["value"] is not None else None
 
 
-def _read_days(store: Store, table: str, s: Selection, days: list[float], group: list[str],
-               columns: list[str], by: Sequence[str]) -> list[dict[str, Any]]:
+def _read_days(store: Store, s: Selection, days: list[float], by: Sequence[str],
+               columns: list[str]) -> list[dict[str, Any]]:
+    """Sums over these days of the rollup, per group (and day, for a time key)."""
     names = {f"d{i}": d0 for i, d0 in enumerate(days)}
     where, args = _filters(s)
     where.insert(0, f"d0 in ({', '.join(':' + n for n in names)})")
+    group = [*_rollup_keys(by), *(["day"] if _timed(by) else [])]
     picked = [*(f"{k} as {_alias(n)}" for k, n in zip(_rollup_keys(by), _plain(by), strict=True)),
-              *(["day"] if _timed(by) else []), *(["mem_pct"] if "mem_pct" in group else [])]
-    text = f"select {', '.join([*picked, *columns])} from {table} where {' and '.join(where)}"
+              *(["day"] if _timed(by) else [])]
+    text = f"select {', '.join([*picked, *columns])} from usage_days where {' and '.join(where)}"
     if group:
         text += f" group by {', '.join(group)}"
     rows = store.read(text, args | names)
@@ -215,16 +217,16 @@ def _read_days(store: Store, table: str, s: Selection, days: list[float], group:
 
 
 def _read_runs(store: Store, s: Selection, piece: Piece, by: Sequence[str], columns: list[str],
-               where: str = "", also: Sequence[str] = ()) -> list[dict[str, Any]]:
+               longest: float | None) -> list[dict[str, Any]]:
+    """Sums over the runs of a stretch, per group (its day's, for a time key)."""
     table = "usage_nodes" if "node" in by else "usage"
     keys = [PLAIN_KEYS[k] for k in _plain(by)]
     inner, args = _period(store.dialect, replace(s, since=piece.since, until=piece.until), table,
-                          piece.count_until, _longest(store))
+                          piece.count_until, longest)
     picked = [f"{k} as {_alias(n)}" for k, n in zip(keys, _plain(by), strict=True)]
-    text = (f"select {', '.join([*picked, *columns])} from ({inner}) as runs"
-            + (f" where {where}" if where else ""))
-    if keys or also:
-        text += f" group by {', '.join([*keys, *also])}"
+    text = f"select {', '.join([*picked, *columns])} from ({inner}) as runs"
+    if keys:
+        text += f" group by {', '.join(keys)}"
     rows = store.read(text, args)
     if _timed(by):
         day = time.strftime("%Y-%m-%d", time.localtime(piece.label))
