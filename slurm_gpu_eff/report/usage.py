@@ -4,8 +4,9 @@ they cost, how far the monitoring covers them, and whether advice changed anythi
 Two steps. `sync` brings the store's usage tables up to date for the period: Slurm's
 accounting (one sacct call) names every GPU job run, so runs the monitoring missed still
 count; each gets the figures `gpueff JOBID` gives it (the same report, built by job.py).
-`usage_report` then asks the store for sums per group (store/usage.py: one scan) and
-makes them hours, percentages, medians, cost and CO2.
+`usage_report` then asks the store for sums per group (store/usage.py: whole days from
+the daily rollup, the period's part days from the runs) and makes them hours,
+percentages, medians, cost and CO2.
 
 Efficiency is used over allocated GPU-hours *of the GPUs measured* (never a mean of job
 means): a run the monitoring missed would otherwise pass for an idle one. How much of

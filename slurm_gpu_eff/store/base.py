@@ -26,8 +26,9 @@ GPU_KEY = (*NODE_KEY, "minor", "mig_gi_id")
 
 # The usage tables (issue 10): one row per GPU job run from Slurm's accounting (`usage`)
 # and one per job run and node (`usage_nodes`, for reports by node), each with the
-# figures `gpueff JOBID` gives it, so that a usage report over a period is one grouped
-# scan (store/usage.py). Seconds, not hours: sums stay exact. Filled by the report's sync.
+# figures `gpueff JOBID` gives it, so that a usage report over a period is a grouped
+# scan (store/usage.py; whole days come from the rollup below). Seconds, not hours: sums
+# stay exact. Filled by the report's sync.
 USAGE_KEY = ("cluster", "job_id", "start_at")
 USAGE_COLUMNS: dict[str, type] = {
     "cluster": str, "job_id": str,
