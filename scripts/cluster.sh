@@ -126,9 +126,12 @@ check_settings() {
 
 # Refuse to adopt (and later delete) a directory that `up` did not make, and one that
 # another user could have made or can write to: root's prolog and epilog run from it.
+# Empty directories of root's alone hold nothing to lose: a late log line of a helper
+# that outlived `down` leaves such a one (the owner checks below still apply).
 prepare_dir() {
-  if [ -d "$DIR" ] && [ ! -e "$MARKER" ] && [ -n "$(ls -A "$DIR")" ]; then
-    die "$DIR exists, is not empty and was not made by cluster.sh; pick another GPUEFF_CLUSTER_DIR"
+  if [ -d "$DIR" ] && [ ! -e "$MARKER" ] &&
+    [ -n "$(find "$DIR" -mindepth 1 \( ! -type d -o ! -uid 0 \) -print -quit)" ]; then
+    die "$DIR exists, holds files and was not made by cluster.sh; pick another GPUEFF_CLUSTER_DIR"
   fi
   local path
   for path in "$DIR" "$ETC" "$MARKER"; do
@@ -664,6 +667,31 @@ stop_procs() {
   say "stopped $name (pid $(echo $pids | tr ' ' ,))"
 }
 
+# Our own detached processes (samplers, their delivery, mail workers and retriers)
+# outlive slurmd: left running, one writes a log line after the rm below and leaves a
+# directory that the next `up` refuses to adopt.
+helper_pids() {
+  local pid
+  for pid in $(pgrep -f 'slurm_gpu_eff' || true); do
+    [ "$pid" != $$ ] || continue
+    grep -qszF -- "$DIR/" "/proc/$pid/cmdline" "/proc/$pid/environ" && echo "$pid"
+  done
+  return 0
+}
+no_helpers() { [ -z "$(helper_pids)" ]; }
+
+stop_helpers() {
+  local pids
+  pids=$(helper_pids)
+  [ -n "$pids" ] || return 0
+  kill -TERM $pids 2>/dev/null || true
+  if ! wait_until 10 no_helpers; then
+    kill -KILL $(helper_pids) 2>/dev/null || true
+    wait_until 5 no_helpers || say "helpers still running: $(helper_pids | paste -sd,)"
+  fi
+  say "stopped our helpers (pid $(echo $pids | tr ' ' ,))"
+}
+
 cmd_down() {
   local name out
   require_root
@@ -679,6 +707,7 @@ cmd_down() {
     fi
   fi
   stop_procs postgres # what pg.sh could not stop (its data dir is on the command line)
+  stop_helpers
   if [ -e "$MARKER" ]; then
     rm -rf "$DIR"
     say "removed $DIR"

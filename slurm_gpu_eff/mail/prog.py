@@ -364,7 +364,8 @@ def _logging(config: Config) -> None:
     if log.handlers:
         return
     try:
-        Path(config.mail_log_file).parent.mkdir(parents=True, exist_ok=True)
+        # The last part only, as the hooks' log (node/log.py) does.
+        Path(config.mail_log_file).parent.mkdir(exist_ok=True)
         handler: logging.Handler = logging.FileHandler(config.mail_log_file)
     except OSError:
         handler = logging.StreamHandler(sys.stderr)

@@ -22,7 +22,9 @@ class HookLog:
         try:
             directory = os.path.dirname(self.path)
             if directory and not os.path.isdir(directory):
-                os.makedirs(directory, mode=0o700, exist_ok=True)
+                # The last part only: a process outliving its cluster (or a site's
+                # /var/log gone) must not build the whole tree back.
+                os.mkdir(directory, 0o700)
             # 0600: the log names users and jobs, which users may not read of each other.
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             with os.fdopen(fd, "a", encoding="utf-8") as handle:

@@ -235,6 +235,7 @@ def defaults_in_tmp(hook_site: Any, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the built-in defaults (used when the config file is missing or broken) at
     tmp_path instead of /var; returns the default log for node gpu1."""
     defaults = hook_site.root / "defaults"
+    defaults.mkdir()  # as /var/log is: the log makes its own directory, not its parents
     patched = functools.partial(
         config_module.Config, spool_dir=str(defaults / "spool" / "%n"),
         store_path=str(defaults / "gpueff.db"), log_file=str(defaults / "log" / "%n.log"),
@@ -383,3 +384,17 @@ def test_the_spool_and_the_log_are_root_s_alone(hook_site: Any) -> None:
     assert len(made) > 5
     readable = {str(p): oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o077}
     assert readable == {}
+
+
+def test_the_log_makes_its_own_directory_but_never_its_parents(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A sampler or mail worker outliving its cluster must not build the tree back."""
+    from slurm_gpu_eff.node.log import HookLog
+
+    HookLog(str(tmp_path / "log" / "gpu1.log"), "7", "epilog").write("first")
+    assert "job=7 epilog" in (tmp_path / "log" / "gpu1.log").read_text()
+    assert (tmp_path / "log").stat().st_mode & 0o777 == 0o700
+    HookLog(str(tmp_path / "gone" / "log" / "gpu1.log"), "7", "sampler").write("late line")
+    assert not (tmp_path / "gone").exists()
+    assert "late line" in capsys.readouterr().err
