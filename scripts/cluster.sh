@@ -387,6 +387,8 @@ smtp_port = 8025
 from = slurm@$MAIL_DOMAIN
 spool_dir = $DIR/mail
 log_file = $LOG/mail.log
+domain = $MAIL_DOMAIN
+idle_check_s = 2
 wait_s = 60
 retry_s = 2
 retry_max_s = 5
@@ -599,6 +601,14 @@ slurmctld_ok() { [[ $(timeout 5 scontrol ping 2>/dev/null) == *"is UP"* ]]; }
 
 start_slurmd() { rm -f "$RUN/slurmd-$1.pid" && slurmd -f "$SLURM_CONF" -N "$1"; }
 
+# gpueff-mail's service (as a site runs it beside slurmctld, as SlurmUser): the idle-GPU
+# check (off in this configuration; tests turn it on) and the mail spool's retries.
+start_mailwatch() {
+  setsid -f env -i GPUEFF_CONFIG="$ETC/gpueff.conf" SLURM_CONF="$SLURM_CONF" PATH="$ORIG_PATH" \
+    "$VENV_BIN/python" -I -m slurm_gpu_eff.mail.prog "$1" </dev/null
+}
+mailwatch_ok() { [ -n "$(cluster_pids python "$1")" ]; }
+
 declare -A RESUMED=()
 # A node is ready when it can take jobs. One left drained or down by an earlier
 # run (a failed prolog, a killed slurmd) is resumed once, and said so.
@@ -636,6 +646,7 @@ cmd_up() {
   for node in $(all_nodes); do
     ensure "slurmd $node" "$LOG/slurmd-$node.log" 30 node_ok start_slurmd slurmd "$node"
   done
+  ensure "gpueff-mail --watch" "$LOG/mail.log" 10 mailwatch_ok start_mailwatch python --watch
   say "up in $((SECONDS - start)) s: $NODES node(s) under $DIR, store $STORE; use it with: eval \"\$($0 env)\""
 }
 

@@ -73,6 +73,7 @@ class Config:
         live_mirror_s: float = 300.0,
         scontrol: str = "scontrol",
         sacctmgr: str = "sacctmgr",
+        scancel: str = "scancel",  # idle-GPU alerts' cancelling (mail/idle.py)
         # Usage reports: the price of a kWh (in `currency`) and the grid's carbon intensity
         # (g CO2 per kWh) turn GPU energy into cost and CO2; None: those columns stay empty.
         price_per_kwh: float | None = None,
@@ -107,6 +108,21 @@ class Config:
         mail_footer: str = "",  # e.g. where the site's help is
         mail_opt_out_file: str = "",  # user names, one a line: Slurm's plain mail for them
         mail_log_file: str = "/var/log/slurm-gpu-eff/mail.log",
+        # A bare user name as recipient (no --mail-user) gets "@" this, as Slurm's
+        # MailDomain does; "": sent to the bare name (the mail server's local user).
+        mail_domain: str = "",
+        # Idle-GPU alerts on running jobs (mail/idle.py), off at 0: the user is mailed once
+        # a GPU of the job has been under 5% for idle_alert_min minutes; with
+        # idle_cancel_min, the job is cancelled that many minutes after the alert if
+        # the GPU is still idle. Exempt: interactive jobs (unless idle_interactive), the
+        # users and accounts listed (comma-separated), jobs whose comment holds the word.
+        idle_alert_min: float = 0.0,
+        idle_cancel_min: float = 0.0,
+        idle_interactive: bool = False,
+        idle_exempt_users: str = "",
+        idle_exempt_accounts: str = "",
+        idle_opt_out_word: str = "gpueff:idle-ok",
+        idle_check_s: float = 60.0,  # how often `gpueff-mail --watch` looks
         hints: dict[str, str] | None = None,
     ) -> None:
         self.path = path
@@ -137,6 +153,7 @@ class Config:
         self.admin_comment = admin_comment
         self.live_mirror_s = live_mirror_s
         self.scontrol = scontrol
+        self.scancel = scancel
         self.sacctmgr = sacctmgr
         self.price_per_kwh = price_per_kwh
         self.currency = currency
@@ -161,6 +178,14 @@ class Config:
         self.mail_footer = mail_footer
         self.mail_opt_out_file = mail_opt_out_file
         self.mail_log_file = mail_log_file
+        self.mail_domain = mail_domain
+        self.idle_alert_min = idle_alert_min
+        self.idle_cancel_min = idle_cancel_min
+        self.idle_interactive = idle_interactive
+        self.idle_exempt_users = idle_exempt_users
+        self.idle_exempt_accounts = idle_exempt_accounts
+        self.idle_opt_out_word = idle_opt_out_word
+        self.idle_check_s = idle_check_s
         # [hints] as written: the hints module knows its rules and checks these itself.
         self.hints: dict[str, str] = dict(hints or {})
 
@@ -231,9 +256,18 @@ _KEYS = [
     ("mail", "footer", "mail_footer", str),
     ("mail", "opt_out_file", "mail_opt_out_file", str),
     ("mail", "log_file", "mail_log_file", str),
+    ("mail", "domain", "mail_domain", str),
+    ("mail", "idle_alert_min", "idle_alert_min", float),
+    ("mail", "idle_cancel_min", "idle_cancel_min", float),
+    ("mail", "idle_interactive", "idle_interactive", bool),
+    ("mail", "idle_exempt_users", "idle_exempt_users", str),
+    ("mail", "idle_exempt_accounts", "idle_exempt_accounts", str),
+    ("mail", "idle_opt_out_word", "idle_opt_out_word", str),
+    ("mail", "idle_check_s", "idle_check_s", float),
+    ("slurm", "scancel", "scancel", str),
 ]
 # Settings where 0 says something (no live mirror but the end's; no minimum length).
-_ZERO_MEANS = {"live_mirror_s", "mail_min_minutes"}
+_ZERO_MEANS = {"live_mirror_s", "mail_min_minutes", "idle_alert_min", "idle_cancel_min"}
 _CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none", "starttls", "tls")}
 
 _BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,

@@ -73,6 +73,9 @@ class GpuSummary:
     # The longest stretch under 5% utilisation: {"from_s": seconds after the first poll,
     # "seconds": its length}; None where none was seen (or before this was recorded).
     idle_longest: dict[str, float] | None = None
+    # The stretch under 5% the GPU was in when sampled last: {"since": clock time,
+    # "seconds": its length}; None when it was busy (what idle-GPU alerts read).
+    idle_now: dict[str, float] | None = None
 
     def metric(self, name: str, stat: str = "mean") -> float | None:
         values = self.metrics.get(name)

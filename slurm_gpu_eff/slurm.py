@@ -102,6 +102,87 @@ class SacctQuery:
         return jobs_from_rows(self.job_id, self.rows())
 
 
+@dataclass(frozen=True)
+class RunningJob:
+    """A job as slurmctld holds it now (squeue): what the idle-GPU alerts need."""
+
+    job_id: str
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: str
+    batch: bool  # False: an interactive allocation (salloc, srun alone)
+    comment: str
+    time_limit: str
+    run_time: str
+    nodes: str
+    tres: str  # what it holds, as Slurm writes it: cpu=4,mem=8G,node=1,gres/gpu=2
+    mail_user: str = ""  # its --mail-user ("" when it gave none)
+
+
+# squeue's names for RunningJob's fields, in order. The only fields squeue cannot give
+# are the mail user's (scontrol's, below).
+_SQUEUE_FIELDS = (
+    ("JobID", "job_id"), ("Name", "name"), ("UserName", "user"), ("Account", "account"),
+    ("Partition", "partition"), ("State", "state"), ("BatchFlag", "batch"), ("Comment", "comment"),
+    ("TimeLimit", "time_limit"), ("TimeUsed", "run_time"), ("NodeList", "nodes"), ("tres-alloc", "tres"),
+)
+
+
+def running_job(job_id: str, squeue: str = "squeue", scontrol: str = "scontrol") -> RunningJob | None:
+    """The job while slurmctld holds it; None once it is gone. Each field ends with a
+    fresh delimiter, so no name or comment can forge another field (as with sacct)."""
+    job_id = check_job_id(job_id)
+    delimiter = fresh_delimiter()
+    # ":0": no width, so nothing is cut or padded; the suffix ends each field
+    form = ",".join(f"{name}:0{delimiter}" for name, _ in _SQUEUE_FIELDS)
+    done = _run_slurm([squeue, "-h", "-j", job_id, "-O", form], 30)
+    if done.returncode != 0:
+        if "Invalid job id" in _said(done):
+            return None
+        raise SlurmError(f"squeue failed: {_said(done)}")
+    text = done.stdout.decode("utf-8", "replace")
+    if not text.strip():
+        return None
+    values = text.split(delimiter)
+    if len(values) != len(_SQUEUE_FIELDS) + 1 or values[-1].strip():
+        raise SlurmError(f"squeue gave {len(values) - 1} fields for job {job_id}, not {len(_SQUEUE_FIELDS)}")
+    fields = {key: value for (_, key), value in zip(_SQUEUE_FIELDS, values, strict=False)}
+    fields = {key: (value if key in ("name", "comment") else value.strip()) for key, value in fields.items()}
+    if fields["comment"] == "(null)":
+        fields["comment"] = ""
+    return RunningJob(**{**fields, "batch": fields["batch"] == "1"},  # type: ignore[arg-type]
+                      mail_user=mail_user(job_id, scontrol))
+
+
+def mail_user(job_id: str, scontrol: str = "scontrol") -> str:
+    """The job's --mail-user as slurmctld holds it ("" when none was given). squeue has no
+    field for it; in `scontrol show job -o` it comes after every field a user writes
+    freely (name, comment, paths), so its last occurrence is slurmctld's own."""
+    done = _run_slurm([scontrol, "show", "job", "-o", check_job_id(job_id)], 30)
+    if done.returncode != 0:
+        return ""
+    line = done.stdout.decode("utf-8", "replace")
+    at = line.rfind(" MailUser=")
+    if at < 0:
+        return ""
+    value = line[at + len(" MailUser="):].split(" ", 1)[0].strip()
+    return "" if value in ("", "(null)") else value
+
+
+def cancel_job(job_id: str, reason: str, scontrol: str = "scontrol", scancel: str = "scancel") -> None:
+    """Cancel the job with `reason` in its SystemComment, which sacct shows (root or
+    SlurmUser only)."""
+    job_id = check_job_id(job_id)
+    noted = _run_slurm([scontrol, "update", f"jobid={job_id}", f"SystemComment={reason}"], 30)
+    if noted.returncode != 0:
+        raise SlurmError(f"scontrol could not set job {job_id}'s SystemComment: {_said(noted)}")
+    done = _run_slurm([scancel, job_id], 30)
+    if done.returncode != 0:
+        raise SlurmError(f"scancel {job_id} failed: {_said(done)}")
+
+
 def private_jobs(scontrol: str = "scontrol") -> bool:
     """Whether Slurm hides other users' jobs from this caller (PrivateData=jobs; root sees
     all). Asked only when sacct showed nothing."""

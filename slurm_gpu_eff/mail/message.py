@@ -53,10 +53,15 @@ def sender(configured: str) -> str:
 
 
 def _base(notice: Notice, from_: str, subject: str) -> EmailMessage:
+    return new_message(from_, recipients(notice.recipient), subject)
+
+
+def new_message(from_: str, to: list[str], subject: str) -> EmailMessage:
+    """Headers only; the subject made one safe line here."""
     message = EmailMessage(policy=POLICY)
     message["Subject"] = header_safe(subject)
     message["From"] = from_
-    message["To"] = ", ".join(recipients(notice.recipient))
+    message["To"] = ", ".join(to)
     message["Date"] = formatdate(localtime=True)
     message["Message-ID"] = make_msgid(domain=from_.rpartition("@")[2] or None)
     message["Auto-Submitted"] = "auto-generated"  # no vacation replies to slurm@

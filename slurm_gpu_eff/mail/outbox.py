@@ -134,7 +134,7 @@ class Outbox:
     def request(self, subject: str, recipient: str, env: Mapping[str, str], now: float) -> Path:
         slurm = {k: v for k, v in env.items() if k.startswith(("SLURM_", "SPANK_"))}
         body = {"subject": subject, "recipient": recipient, "env": slurm, "at": now}
-        return _write(self.requests / f"{now:.6f}-{uuid.uuid4().hex}.json", json.dumps(body).encode())
+        return write_whole(self.requests / f"{now:.6f}-{uuid.uuid4().hex}.json", json.dumps(body).encode())
 
     def claim(self, request: Path) -> Path | None:
         """The request, taken by this process (renamed: one taker, whoever asks); None if
@@ -157,9 +157,9 @@ class Outbox:
     def post(self, message: EmailMessage, to: list[str], now: float, job: str = "", name: str = "") -> str:
         """Into the outbox as `name` (a request's own: made again, it replaces itself)."""
         name = name or f"{now:.6f}-{uuid.uuid4().hex}"
-        _write(self.outbox / f"{name}.json",
+        write_whole(self.outbox / f"{name}.json",
                json.dumps({"to": to, "first_at": now, "next_at": now, "tries": 0, "job": job}).encode())
-        _write(self.outbox / f"{name}.eml", message.as_bytes())
+        write_whole(self.outbox / f"{name}.eml", message.as_bytes())
         return name
 
     def names(self) -> list[str]:
@@ -197,12 +197,12 @@ class Outbox:
                         meta["to"] = exc.refused
                     done.errors.append(str(exc))
                     if exc.permanent or now - float(meta.get("first_at", now)) >= retry_for_s:
-                        _write(self.failed / f"{name}.json", json.dumps(meta).encode())
+                        write_whole(self.failed / f"{name}.json", json.dumps(meta).encode())
                         os.replace(body_path, self.failed / f"{name}.eml")
                         meta_path.unlink(missing_ok=True)
                         done.given_up.append(name)
                     else:
-                        _write(meta_path, json.dumps(meta).encode())
+                        write_whole(meta_path, json.dumps(meta).encode())
                         done.waiting.append(name)
                     continue
                 body_path.unlink()
@@ -259,7 +259,7 @@ class Outbox:
             os.close(fd)
 
 
-def _write(path: Path, data: bytes) -> Path:
+def write_whole(path: Path, data: bytes) -> Path:
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

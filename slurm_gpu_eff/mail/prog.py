@@ -28,6 +28,7 @@ from typing import Any
 
 from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, NoGpus
+from . import idle
 from .message import header_safe, plain_notice, recipients, report_message, sender
 from .notice import Notice, parse_args, read_notice
 from .outbox import Delivered, MailError, Outbox, Sendmail, Smtp, Transport
@@ -43,6 +44,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return work(Path(args[1]))
     if args == ["--flush"]:
         return flush()
+    if args == ["--watch"]:
+        return watch()
+    if args == ["--idle-check"]:
+        return idle_pass(load_config())
     try:
         mailprog(args, env)
     except Exception as exc:  # a bug: said where slurmctld logs it, never raised to Slurm
@@ -145,6 +150,39 @@ def flush(config: Config | None = None, transport: Transport | None = None,
     return 0 if not done.given_up else 1
 
 
+def watch(sleep: Callable[[float], None] = time.sleep) -> int:
+    """The service on the mail spool's host: every `[mail] idle_check_s`, the idle-GPU
+    check (when the site has it on), then what is due in the outbox. The configuration
+    is read anew each time: a change needs no restart."""
+    while True:
+        try:
+            config = load_config()
+        except GpuEffError as exc:
+            sys.stderr.write(f"gpueff-mail --watch: {exc}\n")
+            sleep(60.0)
+            continue
+        idle_pass(config)
+        sleep(config.idle_check_s)
+
+
+def idle_pass(config: Config, clock: Callable[[], float] = time.time, transport: Transport | None = None,
+              slurm: idle.SlurmAccess | None = None) -> int:
+    """One idle-GPU check, then a flush; never raises (it runs as a service)."""
+    _logging(config)
+    try:
+        if config.idle_alert_min > 0:
+            from ..store import open_store
+
+            box = Outbox(config.mail_spool_dir).make()
+            with open_store(config.store_read_url, readonly=True) as store:
+                for line in idle.check(config, store, slurm or idle.SlurmCommands(config), box, clock()):
+                    log.info("%s", line)
+        return flush(config, transport, clock)
+    except Exception:  # a bug, or a store away: said, and the next pass tries again
+        log.exception("gpueff-mail: idle check failed")
+        return 1
+
+
 def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[], float],
                  sleep: Callable[[float], None], wait: bool = True) -> list[str]:
     """The request's message in the outbox (the request then removed); its names."""
@@ -218,7 +256,8 @@ def build(notice: Notice, config: Config, clock: Callable[[], float], sleep: Cal
                                            "earlier mail.")
     if report_key is not None:
         report_key.append(key)
-    return report_message(notice, from_, report, footer=config.mail_footer)
+    return report_message(notice, from_, report, footer=config.mail_footer,
+                          extra=idle.cancelled_note(config, notice.cluster, notice.job_id))
 
 
 def find_report(notice: Notice, config: Config) -> Any:

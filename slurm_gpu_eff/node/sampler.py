@@ -49,6 +49,7 @@ class GpuStats:
         # for an hour and then idled for ten minutes. Offsets from the first poll.
         self.first_at: float | None = None
         self.idle_from: float | None = None
+        self.idle_until: float | None = None  # the open stretch's last idle poll
         self.idle_longest: tuple[float, float] | None = None  # (from, seconds)
         self.samples = 0
         self.seconds = 0.0
@@ -106,9 +107,16 @@ class GpuStats:
             return
         if self.idle_from is None:
             self.idle_from = at - seconds
+        self.idle_until = at
         length = at - self.idle_from
         if self.idle_longest is None or length > self.idle_longest[1]:
             self.idle_longest = (self.idle_from - self.first_at, length)
+
+    def idle_now(self) -> tuple[float, float] | None:
+        """The stretch under the idle line the GPU is in now: (since, seconds), clock time."""
+        if self.idle_from is None or self.idle_until is None or self.lost_at is not None:
+            return None
+        return self.idle_from, self.idle_until - self.idle_from
 
     def _series(
         self, name: str, samples: list[tuple[float, float]] | None, rate: float | None,
@@ -228,7 +236,12 @@ class GpuStats:
             timeline=self.timeline.to_dict(),
             idle_longest=None if self.idle_longest is None else {
                 "from_s": round(self.idle_longest[0], 3), "seconds": round(self.idle_longest[1], 3)},
+            idle_now=_idle_now(self.idle_now()),
         )
+
+
+def _idle_now(stretch: tuple[float, float] | None) -> dict[str, float] | None:
+    return None if stretch is None else {"since": round(stretch[0], 3), "seconds": round(stretch[1], 3)}
 
 
 class Sampler:
@@ -301,6 +314,17 @@ class Sampler:
                 ):
                     stats.add_xid(now, code)
 
+    def idle_level(self) -> int:
+        """How far the longest open idle stretch has gone under the site's idle policy:
+        0, 1 (past the alert minute) or 2 (past the cancel minute too)."""
+        alert_s, cancel_s = self.config.idle_alert_min * 60, self.config.idle_cancel_min * 60
+        if alert_s <= 0:
+            return 0
+        longest = max((s[1] for s in map(GpuStats.idle_now, self.gpus) if s is not None), default=0.0)
+        if longest < alert_s:
+            return 0
+        return 2 if cancel_s > 0 and longest >= alert_s + cancel_s else 1
+
     def snapshot(self, status: str, reason: str = "") -> NodeSummary:
         return self.job.summary(
             status, reason, interval_s=self.config.interval_s, started_at=self.started_at,
@@ -345,9 +369,17 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     next_live = now + min(config.live_s, config.checkpoint_s, FIRST_LIVE_S)
     live = LiveDelivery(config, spool, log)
     orphan = OrphanWatch(sampler.job, squeue_for(config), log)
+    posted_level = 0  # the idle policy's level the store has heard of
     while not stopper.requested:
         sampler.sample_once()
         now = sampler.monotonic()
+        level = sampler.idle_level()
+        if level > posted_level:  # the alert (or cancel) minute passed: tell the store now
+            if live.post(sampler.snapshot(RUNNING)):
+                posted_level = level
+                next_live = now + config.live_s
+        else:
+            posted_level = level  # the GPU worked again: the next stretch counts anew
         if now >= next_checkpoint:
             if not os.path.isdir(job_dir):
                 log.write("the job's spool directory is gone (its epilog ran): stopping")
@@ -461,14 +493,17 @@ class LiveDelivery:
         self.log = log
         self.child: subprocess.Popen[bytes] | None = None
 
-    def post(self, summary: NodeSummary) -> None:
+    def post(self, summary: NodeSummary) -> bool:
+        """True once the copy is in the spool with a delivery started."""
         if self.child is not None and self.child.poll() is None:
-            return  # the last delivery is still going; the next one takes this job too
+            return False  # the last delivery is still going; the next one takes this job too
         try:
             self.spool.post(summary)
             self.child = spawn_delivery(self.config, self.spool.root)
         except (GpuEffError, OSError) as exc:
             self.log.write(f"live delivery skipped: {exc}")
+            return False
+        return True
 
     def reap(self) -> None:
         if self.child is not None:

@@ -148,6 +148,11 @@ def render_mail_html(report: JobReport, charts_by_gpu: list[str | None], footer:
                            footer=footer, extra=extra)
 
 
+def render_idle(kind: str, context: dict[str, Any]) -> str:
+    """An idle-GPU alert ("alert") or the notice of a job cancelled for it ("cancel")."""
+    return _environment().get_template(f"idle_{kind}.txt.j2").render(**context)
+
+
 def render_json(report: JobReport | GroupReport) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
 

@@ -1,0 +1,97 @@
+"""Idle-GPU alerts on running jobs (issue 11, part 5) on the development cluster: the
+samplers report an idle stretch, `gpueff-mail --watch` (started by `make cluster`) mails
+the user once at the configured minute, cancels the job at the next with the reason in
+sacct, and the end-of-job mail says so; an exempt job gets neither. The policy is turned
+on here, in the cluster's gpueff.conf, for this module's jobs only (minutes shrunk to
+seconds: the cluster's clock is the wall clock)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.smtp import Server
+
+from .conftest import Cluster
+
+pytestmark = [pytest.mark.cluster]
+PORT = 8025
+DOMAIN = "gpueffdev.invalid"
+ALERT_S = 15.0  # idle_alert_min = 0.25
+CANCEL_S = 15.0  # idle_cancel_min = 0.25
+BUSY_S = 4
+
+
+@pytest.fixture(scope="module")
+def smtp() -> Iterator[Server]:
+    server = Server(PORT)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def idle_policy(cluster: Cluster) -> Iterator[None]:
+    conf = Path(cluster.env["GPUEFF_CONFIG"])
+    before = conf.read_text()
+    policy = (f"idle_alert_min = {ALERT_S / 60}\nidle_cancel_min = {CANCEL_S / 60}\n"
+              "idle_opt_out_word = gpueff:idle-ok\n")
+    conf.write_text(re.sub(r"^\[mail\]\n", "[mail]\n" + policy, before, count=1, flags=re.M))
+    try:
+        yield
+    finally:
+        conf.write_text(before)
+
+
+def idle_job(cluster: Cluster, user: str, idle_s: int, *args: str) -> str:
+    profile = cluster.profile([{"seconds": BUSY_S, "gpus": {"0": {"util": 90, "power_w": 400}}},
+                               {"seconds": idle_s, "gpus": {"0": {"util": 0}}}])
+    return cluster.submit_profile(user, profile, "--gres=gpu:1", "--mail-type=END", *args)
+
+
+def start_of(cluster: Cluster, job: str) -> float:
+    out = cluster.run(["sacct", "-j", job, "-X", "-n", "-P", "--format=Start"]).out.strip()
+    return time.mktime(time.strptime(out, "%Y-%m-%dT%H:%M:%S"))
+
+
+def test_an_idle_gpu_job_is_alerted_once_then_cancelled_and_its_end_mail_says_so(
+    cluster: Cluster, smtp: Server, idle_policy: None,
+) -> None:
+    job = idle_job(cluster, "alice", 120)
+    exempt = idle_job(cluster, "bob", 40, "--comment=please keep gpueff:idle-ok")
+    # the alert: once, at the configured minute of idleness
+    alert = smtp.inbox.wait(job, timeout=90, settle=0)
+    arrived = time.time()
+    (to, message), = alert
+    assert to == [f"alice@{DOMAIN}"]
+    subject = str(message["Subject"])
+    assert subject.startswith(f"Slurm Job_id={job} Name=") and ": 1 of 1 GPUs idle for 1" in subject, subject
+    body = message.get_content()
+    assert f"scancel {job}" in body and "will be cancelled at about" in body
+    idle_from = start_of(cluster, job) + BUSY_S
+    assert ALERT_S - 2 <= arrived - idle_from <= ALERT_S + 20, arrived - idle_from
+    # cancelled, the reason in sacct
+    state = cluster.wait_done(job, timeout=120)
+    assert state.startswith("CANCELLED"), state
+    comment = cluster.run(["sacct", "-j", job, "-X", "-n", "-P", "--format=SystemComment"]).out
+    assert "cancelled by the site's idle-GPU policy: GPU 0 on" in comment, comment
+    messages = smtp.inbox.wait(job, timeout=90, settle=6)
+    subjects = sorted(str(m["Subject"]) for _, m in messages)
+    assert len(messages) == 3, subjects  # the alert, the cancelling, Slurm's end mail with the report
+    [cancelled] = [m for _, m in messages if " cancelled: GPU idle for " in str(m["Subject"])]
+    assert f"sacct -j {job}" in cancelled.get_content()
+    [end] = [m for _, m in messages if " Ended, " in str(m["Subject"])]
+    assert end.is_multipart()
+    assert "This job was cancelled by the site's idle-GPU policy" in end.get_payload()[0].get_content()  # type: ignore[index]
+    # cancelled not long after the cancel minute (the policy's two minutes plus a check)
+    ended = time.mktime(time.strptime(cluster.run(["sacct", "-j", job, "-X", "-n", "-P", "--format=End"])
+                                      .out.strip(), "%Y-%m-%dT%H:%M:%S"))
+    assert ALERT_S + CANCEL_S - 2 <= ended - idle_from <= ALERT_S + CANCEL_S + 25, ended - idle_from
+    # the exempt job: idle as long, neither alerted nor cancelled
+    assert cluster.wait_done(exempt, timeout=120) == "COMPLETED"
+    (to, message), = smtp.inbox.wait(exempt, timeout=90, settle=4)
+    assert " Ended, " in str(message["Subject"]) and "cancelled" not in message.get_payload()[0].get_content()  # type: ignore[index]

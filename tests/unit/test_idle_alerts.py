@@ -1,0 +1,388 @@
+"""Idle-GPU alerts on running jobs (issue 11, part 5): the sampler's open idle stretch,
+the check over the store (a real SQLite store), the site's exemptions, one alert a job
+run, cancelling only after the alert had its minutes, and the messages."""
+
+from __future__ import annotations
+
+import email
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from slurm_gpu_eff import model
+from slurm_gpu_eff.config import Config, load_config
+from slurm_gpu_eff.errors import SlurmError
+from slurm_gpu_eff.mail import idle, prog
+from slurm_gpu_eff.mail.outbox import Outbox
+from slurm_gpu_eff.node.sampler import GpuStats, Sampler
+from slurm_gpu_eff.slurm import RunningJob, mail_user, running_job
+from slurm_gpu_eff.store import open_store
+from slurm_gpu_eff.store.base import Store
+
+Factory = Callable[..., model.NodeSummary]
+NOW = 1_790_000_000.0
+HOSTILE = "x\nBcc: victim@example.org <b>"
+
+
+# -- the node: the stretch a GPU is in now --------------------------------------------------------
+
+def test_the_open_idle_stretch_is_where_it_began_and_how_long_it_is_so_far() -> None:
+    track = GpuStats(gpu=None)  # type: ignore[arg-type]
+    for t, util in enumerate([90, 1, 0, None, 2], start=1):
+        track._add_idle(NOW + t, 1.0, None if util is None else float(util))
+    assert track.idle_now() == (NOW + 1, 4.0)  # from t=1 (the poll stands for the second before)
+    track._add_idle(NOW + 6, 1.0, 50.0)
+    assert track.idle_now() is None  # busy again: no stretch open
+    assert track.idle_longest == (1.0, 4.0)  # the finished one is still the longest
+
+
+@pytest.mark.parametrize(("alert_min", "cancel_min", "idle_s", "level"), [
+    (0, 0, 10_000, 0),  # the policy is off
+    (10, 0, 599, 0), (10, 0, 600, 1), (10, 0, 10_000, 1),  # no cancelling: never level 2
+    (10, 5, 899, 1), (10, 5, 900, 2),
+])
+def test_the_sampler_knows_which_minute_of_the_policy_the_longest_stretch_passed(
+    alert_min: float, cancel_min: float, idle_s: float, level: int,
+) -> None:
+    busy, idle_gpu = GpuStats(gpu=None), GpuStats(gpu=None)  # type: ignore[arg-type]
+    busy._add_idle(NOW + idle_s, 1.0, 90.0)
+    idle_gpu._add_idle(NOW, 0.0, 0.0)
+    idle_gpu._add_idle(NOW + idle_s, 1.0, 0.0)
+    fake = SimpleNamespace(config=Config(idle_alert_min=alert_min, idle_cancel_min=cancel_min),
+                           gpus=[busy, idle_gpu])
+    assert Sampler.idle_level(fake) == level  # type: ignore[arg-type]
+
+
+# -- the controller: what the store says ---------------------------------------------------------
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with open_store(f"sqlite://{tmp_path / 'gpueff.db'}") as opened:
+        yield opened
+
+
+def running(make_summary: Factory, idle_s: tuple[float | None, ...], job_id: str = "500",
+            node: str = "gpu1", sampled_until: float = NOW, run: float = NOW - 7200,
+            **kw: Any) -> model.NodeSummary:
+    summary = make_summary(node=node, status=model.RUNNING, utils=tuple(50.0 for _ in idle_s), job_id=job_id,
+                           sampled_until=sampled_until, ended_at=None, run_started_at=run, **kw)
+    for g, seconds in zip(summary.gpus, idle_s, strict=True):
+        g.idle_now = None if seconds is None else {"since": sampled_until - seconds, "seconds": seconds}
+    return summary
+
+
+def test_only_running_jobs_with_a_gpu_idle_past_the_alert_minute_and_a_fresh_copy_are_found(
+    store: Store, make_summary: Factory,
+) -> None:
+    store.put(running(make_summary, (None, 700.0), job_id="500"))  # GPU 1 idle 11.7 min
+    store.put(running(make_summary, (None, 700.0), job_id="500", node="gpu2"))
+    store.put(running(make_summary, (300.0,), job_id="501"))  # idle, not long enough yet
+    store.put(running(make_summary, (900.0,), job_id="502", sampled_until=NOW - 3600))  # its sampler is gone
+    store.put(make_summary(job_id="503", utils=(0.0,)))  # over
+    found = idle.idle_jobs(store, fresh=NOW - 600, alert_s=600)
+    assert [(j.job_id, j.gpu_count, [(g.node, g.index) for g in j.gpus]) for j in found] == [
+        ("500", 4, [("gpu1", 1), ("gpu2", 1)])]
+    assert found[0].longest_s == 700.0 and found[0].gpus[0].since == NOW - 700
+
+
+# -- the policy -------------------------------------------------------------------------------------
+
+def job(**changes: Any) -> RunningJob:
+    base = RunningJob(job_id="500", name="train", user="alice", account="physics", partition="gpu",
+                      state="RUNNING", batch=True, comment="", time_limit="4:00:00", run_time="1:00:00",
+                      nodes="gpu[1-2]", tres="cpu=8,mem=16G,node=2,billing=8,gres/gpu=4")
+    return replace(base, **changes)
+
+
+@pytest.mark.parametrize(("changes", "settings", "why"), [
+    ({}, {}, None),
+    ({"batch": False}, {}, "an interactive job"),
+    ({"batch": False}, {"idle_interactive": True}, None),
+    ({}, {"idle_exempt_users": "bob, alice"}, "user alice is exempt"),
+    ({}, {"idle_exempt_accounts": "physics"}, "account physics is exempt"),
+    ({"comment": "debug session gpueff:idle-ok please"}, {}, "its comment holds 'gpueff:idle-ok'"),
+    ({"comment": "gpueff:idle-ok"}, {"idle_opt_out_word": ""}, None),  # no word configured
+])
+def test_exemptions(changes: dict[str, Any], settings: dict[str, Any], why: str | None) -> None:
+    policy = idle.Policy.from_config(Config(idle_alert_min=10, **settings))
+    assert policy.exempt(job(**changes)) == why
+
+
+# -- one pass, and the next ----------------------------------------------------------------------
+
+class FakeSlurm:
+    """Slurm's side, recorded: the jobs it holds and what it was asked to cancel."""
+
+    def __init__(self, **jobs: RunningJob) -> None:
+        self.jobs = dict(jobs)
+        self.cancelled: list[tuple[str, str]] = []
+        self.fail_cancel = ""
+
+    def running_job(self, job_id: str) -> RunningJob | None:
+        return self.jobs.get(job_id)
+
+    def cancel(self, job_id: str, reason: str) -> None:
+        if self.fail_cancel:
+            raise SlurmError(self.fail_cancel)
+        self.cancelled.append((job_id, reason))
+        self.jobs.pop(job_id, None)
+
+
+@pytest.fixture
+def policy_config(tmp_path: Path) -> Config:
+    return Config(idle_alert_min=10, idle_cancel_min=5, mail_spool_dir=str(tmp_path / "mail"),
+                  mail_from="slurm@cluster.example", mail_domain="cluster.example", live_s=45,
+                  idle_check_s=60)
+
+
+def sent(box: Outbox) -> list[email.message.Message]:
+    return [email.message_from_bytes((box.outbox / f"{n}.eml").read_bytes(), policy=email.policy.default)
+            for n in box.names()]
+
+
+def test_one_alert_a_job_run_then_a_cancel_after_its_minutes_then_nothing(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (None, 600.0)))
+    assert idle.check(policy_config, store, slurm, box, NOW) == ["job 500: alerted alice (GPU idle 10.0 min)"]
+    [alert] = sent(box)
+    assert alert["To"] == "alice@cluster.example"
+    assert alert["Subject"] == "Slurm Job_id=500 Name=train: 1 of 2 GPUs idle for 10 min"
+    body = alert.get_content()
+    assert "GPU 1 on gpu1 (device minor 1): idle since" in body and "scancel 500" in body
+    assert "cancelled at about" in body and "gpueff:idle-ok" in body
+    assert "cpu=8,mem=16G,node=2,billing=8,gres/gpu=4" in body and "time limit 4:00:00" in body
+    # the next passes: the GPU still idle, but not yet 5 min after the alert -> nothing
+    store.put(running(make_summary, (None, 899.0), sampled_until=NOW + 299))
+    assert idle.check(policy_config, store, slurm, box, NOW + 299) == []
+    # 15 min idle and 5 min since the alert: cancelled, with the reason, and told
+    store.put(running(make_summary, (None, 900.0), sampled_until=NOW + 300))
+    [done] = idle.check(policy_config, store, slurm, box, NOW + 300)
+    assert done.startswith(
+        "job 500: cancelled (gpueff: cancelled by the site's idle-GPU policy: GPU 1 on gpu1")
+    [(job_id, reason)] = slurm.cancelled
+    assert job_id == "500" and "under 5% utilisation for 15 min since" in reason
+    notice = [m for m in sent(box) if "cancelled" in m["Subject"]]
+    assert [m["Subject"] for m in notice] == ["Slurm Job_id=500 Name=train cancelled: GPU idle for 15 min"]
+    assert "sacct -j 500 -o JobID,State,SystemComment" in notice[0].get_content()
+    # what the end mail adds
+    assert idle.cancelled_note(policy_config, "gpueffdev", "500").startswith(
+        "This job was cancelled by the site's idle-GPU policy: GPU 1 on gpu1")
+    assert idle.cancelled_note(policy_config, "gpueffdev", "50") == ""  # no prefix match
+    # and never again, whatever the store still says
+    slurm.jobs["500"] = job()
+    assert idle.check(policy_config, store, slurm, box, NOW + 900) == []
+    assert len(box.names()) == 2
+
+
+def test_a_watcher_that_was_away_alerts_first_and_cancels_only_minutes_later(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    """Idle far past both minutes when first seen: the user still gets the alert's minutes."""
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,)))
+    assert idle.check(policy_config, store, slurm, box, NOW)[0].startswith("job 500: alerted")
+    assert idle.check(policy_config, store, slurm, box, NOW + 60) == []
+    assert slurm.cancelled == []
+
+
+def test_a_gpu_that_works_again_is_not_cancelled(store: Store, make_summary: Factory,
+                                                 policy_config: Config) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (600.0,)))
+    idle.check(policy_config, store, slurm, box, NOW)
+    store.put(running(make_summary, (None,), sampled_until=NOW + 600))  # busy again
+    assert idle.check(policy_config, store, slurm, box, NOW + 600) == []
+    store.put(running(make_summary, (620.0,), sampled_until=NOW + 1300))  # a new stretch, short of 15 min
+    assert idle.check(policy_config, store, slurm, box, NOW + 1300) == []
+    assert slurm.cancelled == [] and len(box.names()) == 1
+
+
+def test_an_exempt_job_gets_neither_alert_nor_cancel_and_is_logged_once(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    slurm = FakeSlurm(**{"500": job(comment="gpueff:idle-ok")})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,)))
+    assert idle.check(policy_config, store, slurm, box, NOW) == [
+        "job 500: GPU idle, no alert: its comment holds 'gpueff:idle-ok'"]
+    assert idle.check(policy_config, store, slurm, box, NOW + 3600) == []
+    assert box.names() == [] and slurm.cancelled == []
+
+
+def test_alerts_only_when_the_site_does_not_cancel(store: Store, make_summary: Factory,
+                                                   tmp_path: Path) -> None:
+    config = Config(idle_alert_min=10, mail_spool_dir=str(tmp_path / "mail"))
+    slurm = FakeSlurm(**{"500": job(mail_user="alice@uni.example")})
+    box = Outbox(config.mail_spool_dir).make()
+    store.put(running(make_summary, (99_999.0,)))
+    idle.check(config, store, slurm, box, NOW)
+    assert idle.check(config, store, slurm, box, NOW + 86_400) == []
+    [alert] = sent(box)
+    assert alert["To"] == "alice@uni.example"  # the job's --mail-user, as Slurm would
+    assert "cancelled" not in alert.get_content()
+    assert slurm.cancelled == []
+
+
+def test_a_job_gone_from_slurm_and_the_policy_off_do_nothing(store: Store, make_summary: Factory,
+                                                             policy_config: Config) -> None:
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,)))
+    assert idle.check(policy_config, store, FakeSlurm(), box, NOW) == []
+    off = Config(mail_spool_dir=policy_config.mail_spool_dir)
+    assert idle.check(off, store, FakeSlurm(**{"500": job()}), box, NOW) == []
+    assert box.names() == []
+
+
+def test_a_cancel_slurm_refuses_is_said_once_and_not_tried_again(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (900.0,)))
+    idle.check(policy_config, store, slurm, box, NOW)
+    slurm.fail_cancel = "Access/permission denied"
+    store.put(running(make_summary, (1300.0,), sampled_until=NOW + 400))
+    assert idle.check(policy_config, store, slurm, box, NOW + 400) == [
+        "job 500: cancelling failed: Access/permission denied"]
+    assert idle.check(policy_config, store, slurm, box, NOW + 500) == []
+    assert idle.cancelled_note(policy_config, "gpueffdev", "500") == ""
+
+
+def test_a_hostile_job_name_adds_no_header(store: Store, make_summary: Factory,
+                                           policy_config: Config) -> None:
+    slurm = FakeSlurm(**{"500": job(name=HOSTILE)})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (900.0,)))
+    idle.check(policy_config, store, slurm, box, NOW)
+    [alert] = sent(box)
+    assert alert["Bcc"] is None and "victim" not in str(alert["To"])
+    assert "\n" not in alert["Subject"]
+    assert "x?Bcc: victim@example.org <b>" in alert.get_content()  # one line in the body
+
+
+def test_a_recipient_that_is_no_address_is_not_mailed(store: Store, make_summary: Factory,
+                                                      policy_config: Config) -> None:
+    slurm = FakeSlurm(**{"500": job(mail_user="-oQ/tmp/x")})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (900.0,)))
+    idle.check(policy_config, store, slurm, box, NOW)
+    assert box.names() == []
+
+
+def test_a_broken_record_leaves_the_job_alone(store: Store, make_summary: Factory,
+                                              policy_config: Config) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (900.0,)))
+    ledger = idle.Ledger(box).make()
+    key = idle.idle_jobs(store, NOW - 600, 600)[0].key
+    (ledger.root / f"{key}.json").write_text("{not json")
+    assert idle.check(policy_config, store, slurm, box, NOW) == []
+    assert box.names() == []
+
+
+def test_two_checkers_at_once_take_turns(store: Store, make_summary: Factory, policy_config: Config) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (900.0,)))
+    with idle.Ledger(box).make().turn() as mine:
+        assert mine
+        assert idle.check(policy_config, store, slurm, box, NOW) == []  # the other one holds it
+    assert len(idle.check(policy_config, store, slurm, box, NOW)) == 1
+
+
+# -- Slurm's side, with stand-in commands --------------------------------------------------------
+
+def fake_command(tmp_path: Path, name: str, script: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_squeue_fields_come_by_their_delimiter_so_a_name_forges_nothing(tmp_path: Path) -> None:
+    # prints each field followed by the delimiter found in its -O argument
+    squeue = fake_command(tmp_path, "squeue", r'''
+form=$5
+d=$(printf '%s' "$form" | sed 's/^JobID:0//; s/,Name:0.*//')
+guess=$(printf 'evil\0370000000000000000\037root')  # a delimiter guessed ahead of time
+printf '%s' "500$d" "$guess$d" "alice$d" "physics$d" "gpu$d" "RUNNING$d" "0$d" \
+  "(null)$d" "4:00:00$d" "10:00$d" "gpu1$d" "cpu=1,gres/gpu=1$d"
+echo
+''')
+    line = "JobId=500 JobName=x MailUser=forged@x StdOut=/a MailUser=alice@uni.example MailType=END"
+    scontrol = fake_command(tmp_path, "scontrol", f'echo "{line}"\n')
+    found = running_job("500", squeue, scontrol)
+    assert found is not None
+    assert (found.user, found.batch, found.comment) == ("alice", False, "")
+    assert found.name == "evil\x1f0000000000000000\x1froot"  # all of it the name
+    assert found.mail_user == "alice@uni.example"
+
+
+def test_squeue_that_no_longer_knows_the_job_means_it_ended(tmp_path: Path) -> None:
+    squeue = fake_command(tmp_path, "squeue",
+                          'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n')
+    assert running_job("500", squeue, "/bin/false") is None
+    empty = fake_command(tmp_path, "squeue2", "exit 0\n")
+    assert running_job("500", empty, "/bin/false") is None
+
+
+def test_squeue_with_fields_missing_is_an_error_not_a_guess(tmp_path: Path) -> None:
+    squeue = fake_command(tmp_path, "squeue", 'echo "500 train alice"\n')
+    with pytest.raises(SlurmError, match="fields for job 500"):
+        running_job("500", squeue, "/bin/false")
+
+
+def test_no_mail_user_is_empty(tmp_path: Path) -> None:
+    scontrol = fake_command(tmp_path, "scontrol", 'echo "JobId=500 MailUser=(null) MailType=NONE"\n')
+    assert mail_user("500", scontrol) == ""
+
+
+# -- the service ---------------------------------------------------------------------------------
+
+def test_the_service_pass_never_raises_and_flushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = Config(idle_alert_min=1, store_url="nosuch://x", mail_spool_dir=str(tmp_path / "mail"),
+                    mail_log_file=str(tmp_path / "mail.log"))
+    assert prog.idle_pass(config, slurm=FakeSlurm()) == 1  # the store URL is wrong: logged
+    assert "idle check failed" in (tmp_path / "mail.log").read_text()
+
+
+def test_the_policy_keys_in_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "gpueff.conf"
+    path.write_text("[mail]\nidle_alert_min = 30\nidle_cancel_min = 0\nidle_exempt_users = bob,carol\n"
+                    "idle_interactive = yes\n[slurm]\nscancel = /usr/bin/scancel\n")
+    config = load_config(str(path))
+    assert (config.idle_alert_min, config.idle_cancel_min, config.idle_interactive) == (30, 0, True)
+    assert idle.Policy.from_config(config).users == {"bob", "carol"}
+    assert config.scancel == "/usr/bin/scancel"
+
+
+def test_the_ledger_is_the_mail_spools_and_private(tmp_path: Path) -> None:
+    ledger = idle.Ledger(Outbox(str(tmp_path / "mail")).make()).make()
+    ledger.put("c-1-2", {"alerted_at": 1.0})
+    assert ledger.root.stat().st_mode & 0o777 == 0o700
+    assert (ledger.root / "c-1-2.json").stat().st_mode & 0o777 == 0o600
+    assert json.loads((ledger.root / "c-1-2.json").read_text()) == {"alerted_at": 1.0}
+
+
+def test_old_records_are_pruned(tmp_path: Path, store: Store) -> None:
+    config = Config(idle_alert_min=10, mail_spool_dir=str(tmp_path / "mail"))
+    box = Outbox(config.mail_spool_dir).make()
+    ledger = idle.Ledger(box).make()
+    ledger.put("c-1-2", {"alerted_at": 1.0})
+    ledger.put("c-3-4", {"alerted_at": 1.0})
+    os.utime(ledger.root / "c-1-2.json", (NOW - idle.KEEP_S - 1,) * 2)
+    os.utime(ledger.root / "c-3-4.json", (NOW - 60,) * 2)
+    idle.check(config, store, FakeSlurm(), box, NOW)
+    assert sorted(p.name for p in ledger.root.glob("*.json")) == ["c-3-4.json"]
