@@ -608,6 +608,12 @@ start_mailwatch() {
     "$VENV_BIN/python" -I -m slurm_gpu_eff.mail.prog "$1" </dev/null
 }
 mailwatch_ok() { [ -n "$(cluster_pids python "$1")" ]; }
+stop_mailwatch() {
+  local pids
+  pids=$(cluster_pids python --watch)
+  [ -z "$pids" ] || { kill $pids 2>/dev/null || true; wait_until 10 not_mailwatch || true; }
+}
+not_mailwatch() { ! mailwatch_ok --watch; }
 
 declare -A RESUMED=()
 # A node is ready when it can take jobs. One left drained or down by an earlier
@@ -646,6 +652,8 @@ cmd_up() {
   for node in $(all_nodes); do
     ensure "slurmd $node" "$LOG/slurmd-$node.log" 30 node_ok start_slurmd slurmd "$node"
   done
+  # started anew each time: a long-lived Python process keeps the code it started with
+  stop_mailwatch
   ensure "gpueff-mail --watch" "$LOG/mail.log" 10 mailwatch_ok start_mailwatch python --watch
   say "up in $((SECONDS - start)) s: $NODES node(s) under $DIR, store $STORE; use it with: eval \"\$($0 env)\""
 }

@@ -104,6 +104,15 @@ def with_site_text(current: str, line: str) -> str:
     return f"{site} {line}" if site else line
 
 
+def with_note(current: str, note: str) -> str:
+    """The AdminComment with `note` added as a site's text (before our line, which the
+    next mirror keeps it before), unless it is there already."""
+    if note.lower() in current.lower():
+        return current
+    at = _start(current) if _ours(current) is not None else len(current)
+    return " ".join(part for part in (current[:at].strip(), note, current[at:].strip()) if part)
+
+
 def _start(text: str) -> int:
     lowered = f" {text.lower()}"
     at = lowered.find(f" {PREFIX} ")

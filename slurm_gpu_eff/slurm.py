@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import JobNotFound, NotPermitted, SlurmError
@@ -171,16 +173,33 @@ def mail_user(job_id: str, scontrol: str = "scontrol") -> str:
     return "" if value in ("", "(null)") else value
 
 
-def cancel_job(job_id: str, reason: str, scontrol: str = "scontrol", scancel: str = "scancel") -> None:
-    """Cancel the job with `reason` in its SystemComment, which sacct shows (root or
-    SlurmUser only)."""
+def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Cancel the job with `reason` in its AdminComment, which sacct shows (root or
+    SlurmUser only; Slurm 22.05's scontrol cannot set a running job's SystemComment).
+    Written into the database, as a site's own text before our figures' line: the
+    mirror keeps it there, and slurmctld, holding no copy, carries none over it at the
+    job's end (mirror.py). Looked at again after the cancel: a live mirror that read the
+    old text just before would have written it back."""
+    from .mirror import with_note
+
     job_id = check_job_id(job_id)
-    noted = _run_slurm([scontrol, "update", f"jobid={job_id}", f"SystemComment={reason}"], 30)
-    if noted.returncode != 0:
-        raise SlurmError(f"scontrol could not set job {job_id}'s SystemComment: {_said(noted)}")
-    done = _run_slurm([scancel, job_id], 30)
+
+    def note() -> None:
+        current, _, task = get_admin_comment(job_id, commands["sacct"])
+        if reason.lower() not in current.lower():
+            set_admin_comment(task, cluster, with_note(current, reason), commands["scontrol"],
+                              commands["sacctmgr"], running=True)
+
+    note()
+    done = _run_slurm([commands["scancel"], job_id], 30)
     if done.returncode != 0:
         raise SlurmError(f"scancel {job_id} failed: {_said(done)}")
+    sleep(CANCEL_RECHECK_S)
+    note()
+
+
+CANCEL_RECHECK_S = 2.0
 
 
 def private_jobs(scontrol: str = "scontrol") -> bool:

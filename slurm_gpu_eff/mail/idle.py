@@ -7,7 +7,7 @@ Here, on the host with the mail spool: the running jobs with a GPU idle past the
 minute are read from the store, Slurm is asked about each (still running? exempt? who
 gets the mail?), its user is mailed once, and, where the site cancels, the job is
 cancelled `idle_cancel_min` minutes after the alert if the GPU is still idle, the reason
-in its SystemComment (sacct shows it). The nodes never call Slurm for this.
+in its AdminComment (sacct shows it). The nodes never call Slurm for this.
 
 What was done for each job run is kept in the mail spool's `idle/`, one file a run:
 nothing is done twice whatever restarts, and the job-end mail reads it to say the job
@@ -69,21 +69,21 @@ class IdleJob:
 class SlurmAccess(Protocol):
     def running_job(self, job_id: str) -> RunningJob | None: ...
 
-    def cancel(self, job_id: str, reason: str) -> None: ...
+    def cancel(self, job_id: str, cluster: str, reason: str) -> None: ...
 
 
 class SlurmCommands:
     """SlurmAccess through Slurm's commands, as configured."""
 
     def __init__(self, config: Config) -> None:
-        self.squeue, self.scontrol = find_command(config.squeue), find_command(config.scontrol)
-        self.scancel = find_command(config.scancel)
+        self.commands = {name: find_command(getattr(config, name))
+                         for name in ("squeue", "scontrol", "scancel", "sacct", "sacctmgr")}
 
     def running_job(self, job_id: str) -> RunningJob | None:
-        return running_job(job_id, self.squeue, self.scontrol)
+        return running_job(job_id, self.commands["squeue"], self.commands["scontrol"])
 
-    def cancel(self, job_id: str, reason: str) -> None:
-        cancel_job(job_id, reason, self.scontrol, self.scancel)
+    def cancel(self, job_id: str, cluster: str, reason: str) -> None:
+        cancel_job(job_id, cluster, reason, self.commands)
 
 
 @dataclass(frozen=True)
@@ -262,13 +262,14 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
         _mail(box, config, facts, "alert", job, policy, now)
         return f"job {job.job_id}: alerted {facts.user} (GPU idle {job.longest_s / 60:.1f} min)"
     reason = cancel_reason(job)
+    # recorded first: the job's end mail may be made before this call returns
+    ledger.put(job.key, {**record, "cancelled_at": now, "reason": reason})
     try:
-        slurm.cancel(job.job_id, reason)
+        slurm.cancel(job.job_id, job.cluster, reason)
     except Exception as exc:  # said once, in the log and the record: never tried in a loop
         ledger.put(job.key, {**record, "cancel_error": str(exc)})
         log.error("job %s: could not cancel: %s", job.job_id, exc)
         return f"job {job.job_id}: cancelling failed: {exc}"
-    ledger.put(job.key, {**record, "cancelled_at": now, "reason": reason})
     _mail(box, config, facts, "cancel", job, policy, now)
     return f"job {job.job_id}: cancelled ({reason})"
 
@@ -287,8 +288,9 @@ def span(seconds: float) -> str:
 
 
 def cancel_reason(job: IdleJob) -> str:
+    """One line, no quote (slurmdbd's SQL escaping turns ' into `)."""
     g = job.gpus[0]
-    return (f"gpueff: cancelled by the site's idle-GPU policy: GPU {g.index} on {g.node} under "
+    return (f"gpueff: cancelled by the idle-GPU policy: GPU {g.index} on {g.node} under "
             f"{IDLE_UTIL:g}% utilisation for {span(g.seconds)} since "
             f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(g.since))}")
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, NoGpus
+from ..model import RUNNING
 from . import idle
 from .message import header_safe, plain_notice, recipients, report_message, sender
 from .notice import Notice, parse_args, read_notice
@@ -273,10 +274,11 @@ def find_report(notice: Notice, config: Config) -> Any:
 
 
 def _ready(report: Any) -> bool:
-    """The job is over in the accounting and its figures are final (or said missing)."""
-    jobs = [r.job for r in getattr(report, "reports", [report])]
-    statuses = [r.status for r in getattr(report, "reports", [report])]
-    return all(not j.running for j in jobs) and "running" not in statuses
+    """The job is over in the accounting and its figures are final (or said missing): no
+    node's figures are still a live copy (a cancelled job's mail comes while its epilog
+    still stops the sampler)."""
+    return all(not r.job.running and r.status != RUNNING and all(g.status != RUNNING for g in r.gpus)
+               for r in getattr(report, "reports", [report]))
 
 
 def _no_report(notice: Notice, config: Config) -> str | None:

@@ -127,7 +127,7 @@ class FakeSlurm:
     def running_job(self, job_id: str) -> RunningJob | None:
         return self.jobs.get(job_id)
 
-    def cancel(self, job_id: str, reason: str) -> None:
+    def cancel(self, job_id: str, cluster: str, reason: str) -> None:
         if self.fail_cancel:
             raise SlurmError(self.fail_cancel)
         self.cancelled.append((job_id, reason))
@@ -167,15 +167,15 @@ def test_one_alert_a_job_run_then_a_cancel_after_its_minutes_then_nothing(
     store.put(running(make_summary, (None, 900.0), sampled_until=NOW + 300))
     [done] = idle.check(policy_config, store, slurm, box, NOW + 300)
     assert done.startswith(
-        "job 500: cancelled (gpueff: cancelled by the site's idle-GPU policy: GPU 1 on gpu1")
+        "job 500: cancelled (gpueff: cancelled by the idle-GPU policy: GPU 1 on gpu1")
     [(job_id, reason)] = slurm.cancelled
     assert job_id == "500" and "under 5% utilisation for 15 min since" in reason
     notice = [m for m in sent(box) if "cancelled" in m["Subject"]]
     assert [m["Subject"] for m in notice] == ["Slurm Job_id=500 Name=train cancelled: GPU idle for 15 min"]
-    assert "sacct -j 500 -o JobID,State,SystemComment" in notice[0].get_content()
+    assert "sacct -j 500 -o JobID,State,AdminComment" in notice[0].get_content()
     # what the end mail adds
     assert idle.cancelled_note(policy_config, "gpueffdev", "500").startswith(
-        "This job was cancelled by the site's idle-GPU policy: GPU 1 on gpu1")
+        "This job was cancelled by the idle-GPU policy: GPU 1 on gpu1")
     assert idle.cancelled_note(policy_config, "gpueffdev", "50") == ""  # no prefix match
     # and never again, whatever the store still says
     slurm.jobs["500"] = job()
@@ -351,11 +351,11 @@ def test_no_mail_user_is_empty(tmp_path: Path) -> None:
 
 # -- the service ---------------------------------------------------------------------------------
 
-def test_the_service_pass_never_raises_and_flushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_service_pass_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = Config(idle_alert_min=1, store_url="nosuch://x", mail_spool_dir=str(tmp_path / "mail"),
                     mail_log_file=str(tmp_path / "mail.log"))
     assert prog.idle_pass(config, slurm=FakeSlurm()) == 1  # the store URL is wrong: logged
-    assert "idle check failed" in (tmp_path / "mail.log").read_text()
+    assert "idle check failed" in caplog.text
 
 
 def test_the_policy_keys_in_the_config_file(tmp_path: Path) -> None:
@@ -386,3 +386,56 @@ def test_old_records_are_pruned(tmp_path: Path, store: Store) -> None:
     os.utime(ledger.root / "c-3-4.json", (NOW - 60,) * 2)
     idle.check(config, store, FakeSlurm(), box, NOW)
     assert sorted(p.name for p in ledger.root.glob("*.json")) == ["c-3-4.json"]
+
+
+# -- the reason in the AdminComment -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("current", "expected"), [
+    ("", "gpueff: cancelled"),
+    ("site text", "site text gpueff: cancelled"),
+    ("gpueff1 status=running util=1.0", "gpueff: cancelled gpueff1 status=running util=1.0"),
+    ("site gpueff1 status=running", "site gpueff: cancelled gpueff1 status=running"),
+    ("site gpueff: cancelled gpueff1 status=running", "site gpueff: cancelled gpueff1 status=running"),
+])
+def test_the_note_goes_before_our_line_once(current: str, expected: str) -> None:
+    from slurm_gpu_eff.mirror import with_note, with_site_text
+
+    assert with_note(current, "gpueff: cancelled") == expected
+    site = expected.split(" gpueff1 ")[0]  # and the next mirror, replacing our line, keeps it
+    assert with_site_text(expected, "gpueff1 status=complete") == f"{site} gpueff1 status=complete"
+
+
+def test_cancelling_writes_the_reason_then_cancels_then_looks_again(tmp_path: Path) -> None:
+    from slurm_gpu_eff.slurm import cancel_job
+
+    calls = tmp_path / "calls"
+    admin = tmp_path / "admin"
+    admin.write_text("gpueff1 status=running util=1.0")
+    sacct = fake_command(tmp_path, "sacct", f'''echo "sacct $*" >> {calls}
+d=$(printf '%s\\n' "$@" | sed -n 's/^--delimiter=//p')
+printf '%s%s%s%s500%s500\\n' "$(cat {admin})" "$d" "cpu=1" "$d" "$d"
+''')
+    sacctmgr = fake_command(tmp_path, "sacctmgr", f'''echo "sacctmgr $*" >> {calls}
+for a in "$@"; do case $a in AdminComment=*) printf '%s' "${{a#AdminComment=}}" > {admin};; esac; done
+''')
+    scancel = fake_command(tmp_path, "scancel", f'echo "scancel $*" >> {calls}\n'
+                                                f'echo "gpueff1 status=running util=2.0" > {admin}\n')
+    commands = {"sacct": sacct, "sacctmgr": sacctmgr, "scancel": scancel, "scontrol": "/bin/false"}
+    cancel_job("500", "gpueffdev", "gpueff: cancelled by policy", commands, sleep=lambda s: None)
+    said = calls.read_text().splitlines()
+    assert [line.split()[0] for line in said] == ["sacct", "sacctmgr", "scancel", "sacct", "sacctmgr"]
+    assert "cluster=gpueffdev" in said[1]
+    # the live mirror clobbered the note after the cancel: written back, before our line
+    assert admin.read_text() == "gpueff: cancelled by policy gpueff1 status=running util=2.0"
+
+
+def test_a_cancel_slurm_refuses_raises(tmp_path: Path) -> None:
+    from slurm_gpu_eff.slurm import cancel_job
+
+    sacct = fake_command(tmp_path, "sacct", "exit 0\n")
+    sacctmgr = fake_command(tmp_path, "sacctmgr", "exit 0\n")
+    scancel = fake_command(tmp_path, "scancel",
+                           'echo "scancel: error: Access/permission denied" >&2; exit 1\n')
+    with pytest.raises(SlurmError, match="Access/permission denied"):
+        cancel_job("500", "c", "gpueff: x", {"sacct": sacct, "sacctmgr": sacctmgr, "scancel": scancel,
+                                             "scontrol": "/bin/false"}, sleep=lambda s: None)

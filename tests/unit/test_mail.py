@@ -449,15 +449,26 @@ def test_the_mailprog_exits_0_within_seconds_whatever_fails(config: Config, tmp_
 def test_the_end_mail_of_a_job_the_idle_policy_cancelled_says_so(config: Config, idle_report: Any) -> None:
     from slurm_gpu_eff.mail.idle import Ledger
 
-    reason = "gpueff: cancelled by the site's idle-GPU policy: GPU 1 on gpu1 under 5% utilisation for 15 min"
+    reason = "gpueff: cancelled by the idle-GPU policy: GPU 1 on gpu1 under 5% utilisation for 15 min"
     record = {"alerted_at": 1.0, "cancelled_at": 2.0, "reason": reason}
     Ledger(Outbox(config.mail_spool_dir).make()).make().put("gpueffdev-327-1700000000", record)
     m = prog.build(notice(), config, Clock(), Clock().sleep, deadline=2000, find=lambda n, c: idle_report)
     text, html = m.get_payload()  # type: ignore[misc]
-    line = ("This job was cancelled by the site's idle-GPU policy: GPU 1 on gpu1 under 5% utilisation "
+    line = ("This job was cancelled by the idle-GPU policy: GPU 1 on gpu1 under 5% utilisation "
             "for 15 min.")
     assert line in text.get_content()
-    assert "This job was cancelled by the site&#39;s idle-GPU policy" in html.get_payload()[0].get_content()
+    assert "This job was cancelled by the idle-GPU policy" in html.get_payload()[0].get_content()
     other = prog.build(notice(SLURM_JOB_ID="32"), config, Clock(), Clock().sleep, deadline=2000,
                        find=lambda n, c: idle_report)
     assert "cancelled" not in other.get_payload()[0].get_content()  # type: ignore[index]
+
+
+def test_a_job_over_whose_figures_are_still_a_live_copy_is_not_ready(make_job: Any,
+                                                                      make_summary: Any) -> None:
+    """A cancelled job's mail comes while its epilog still stops the sampler."""
+    from slurm_gpu_eff.model import RUNNING
+
+    live = build_report(make_job(state="CANCELLED"), [make_summary(status=RUNNING)])
+    assert live.status == "partial" and not prog._ready(live)
+    assert prog._ready(build_report(make_job(state="CANCELLED"), [make_summary()]))
+    assert not prog._ready(build_report(make_job(state="RUNNING"), [make_summary()]))
