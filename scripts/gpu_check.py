@@ -3,7 +3,7 @@
 For a machine with an NVIDIA GPU, PyTorch and nvidia-ml-py but no Slurm (and maybe no
 network): run from the repository root with `PYTHONPATH=. python3 scripts/gpu_check.py`.
 
-It writes a throw-away site (gpueff.conf, spool, store, log in a temporary directory) and
+It writes a throw-away site (gpueff.toml, spool, store, log in a temporary directory) and
 a job environment as Slurm's prolog would give it, then plays four phases with PyTorch on
 one GPU (idle, back-to-back matrix products, a 1 s square wave of 30% duty, 8 GiB held).
 Each phase runs under a fresh sampler process (a new job), stopped with SIGTERM as the
@@ -367,17 +367,19 @@ def report_json(
 
 
 def write_site(root: Path, python: str, interval_s: float, minor: int) -> dict[str, str]:
-    """A gpueff.conf under `root` and the environment Slurm's prolog would give the sampler.
+    """A gpueff.toml under `root` and the environment Slurm's prolog would give the sampler.
     No [gpu] library: pynvml loads the driver's libnvidia-ml.so.1, as on a site.
     checkpoint_s is long so a phase sees only the first and the final checkpoints: a live
     copy (due at min(live_s, checkpoint_s)) would start the store's delivery, which needs
     sqlite-utils, and would add CPU the per-sample figure must not count."""
     root.mkdir(parents=True, exist_ok=True)
-    config = root / "gpueff.conf"
+    config = root / "gpueff.toml"
     config.write_text(
         f"[sampler]\ninterval_s = {interval_s}\ncheckpoint_s = 60\nlive_s = 3600\n"
-        f"[spool]\ndir = {root}/spool/%n\n[store]\npath = {root}/store.db\n"
-        f"[log]\nfile = {root}/log/%n.log\n[hooks]\npython = {python}\n",
+        f"[spool]\ndir = {toml_string(root / 'spool' / '%n')}\n"
+        f"[store]\npath = {toml_string(root / 'store.db')}\n"
+        f"[log]\nfile = {toml_string(root / 'log' / '%n.log')}\n"
+        f"[hooks]\npython = {toml_string(python)}\n",
         encoding="utf-8",
     )
     # Slurm's variables from a job this might run inside must not leak into ours.
@@ -385,6 +387,11 @@ def write_site(root: Path, python: str, interval_s: float, minor: int) -> dict[s
     env.update(GPUEFF_CONFIG=str(config), SLURMD_NODENAME=NODE, SLURM_JOB_GPUS=str(minor),
                SLURM_CLUSTER_NAME=NODE, SLURM_JOB_USER=user_name())
     return env
+
+
+def toml_string(text: object) -> str:
+    """`text` as a TOML basic string (JSON's escapes are TOML's, but for DEL)."""
+    return json.dumps(str(text)).replace("\x7f", "\\u007f")
 
 
 def user_name() -> str:
@@ -940,7 +947,7 @@ def save(out: Path, site_root: Path, report: dict[str, Any], table: str, smi: Sm
                               strict=False):
         if (job_dir / SUMMARY).exists():
             shutil.copy(job_dir / SUMMARY, out / f"summary-{phase}-{job_dir.name}.json")
-    for source, target in (("gpueff.conf", "gpueff.conf"), ("sampler.stderr", "sampler.stderr"),
+    for source, target in (("gpueff.toml", "gpueff.toml"), ("sampler.stderr", "sampler.stderr"),
                            (f"log/{NODE}.log", "sampler.log")):
         if (site_root / source).exists():
             shutil.copy(site_root / source, out / target)

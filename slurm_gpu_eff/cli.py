@@ -18,6 +18,7 @@ from .errors import GpuEffError, NotPermitted
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
     from .sacct import SacctRun
 
@@ -88,9 +89,60 @@ def usage_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def config_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="gpueff config",
+        description="The configuration in force: every setting of the file, defaults filled in "
+                    "(TOML; a file that is wrong is named with the key and line at fault).",
+    )
+    parser.add_argument("--json", action="store_true", help="as one JSON object")
+    _common(parser)
+    return parser
+
+
+def cmd_config(args: argparse.Namespace) -> str:
+    from .config import config_path, effective
+    from .report.render import render_config
+
+    config = load_config(args.config)
+    return render_config(effective(config), config.path or f"{config_path(args.config)} (absent: defaults)",
+                         as_json=args.json)
+
+
+NOT_READY = 11  # gpueff doctor: a check failed
+
+
+def doctor_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="gpueff doctor",
+        description="Is this host ready? Checks the config, Slurm's Prolog, Epilog, MailProg and "
+                    "PrologFlags, and on a GPU node NVML, gres.conf's devices and the spool, then "
+                    f"the store and Slurm's accounting; each failure with its fix. Exit status 0 "
+                    f"when ready, {NOT_READY} when not.",
+    )
+    parser.add_argument("--node", default="", help="the Slurm node name to check as (default: "
+                        "$SLURMD_NODENAME, else this host's short name)")
+    parser.add_argument("--json", action="store_true",
+                        help='{"ready": true|false, "checks": [{"name", "ok", "message", "fix"}]}')
+    _common(parser)
+    return parser
+
+
+def cmd_doctor(args: argparse.Namespace) -> tuple[str, int]:
+    from .doctor import as_dict, examine
+    from .report.render import render_doctor
+
+    ready, checks = examine(args.config, args.node)
+    return render_doctor(as_dict(ready, checks), as_json=args.json), 0 if ready else NOT_READY
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", help="config file (default: $GPUEFF_CONFIG or /etc/slurm-gpu-eff/gpueff.conf)"
+        "--config", help="config file (default: $GPUEFF_CONFIG or /etc/slurm-gpu-eff/gpueff.toml)"
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
 
@@ -287,7 +339,7 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
     """The report's sacct, started before anything else loads (argparse included): slurmdbd
     answers while gpueff starts. None when argv is not a plain report, or anything is
     amiss: the normal path then says what."""
-    if not argv or argv[0] in ("spool", "deliver", "report") or argv[0].startswith("-"):
+    if not argv or argv[0] in ("spool", "deliver", "report", "config", "doctor") or argv[0].startswith("-"):
         return None
     config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
     config = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config)
@@ -302,18 +354,25 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     early = early_sacct(argv)
+    command: Callable[[argparse.Namespace], str | tuple[str, int]]
     if argv[:1] == ["deliver"]:
         parser, command, argv = spool_parser("gpueff deliver"), cmd_spool, argv[1:]
     elif argv[:1] == ["report"]:
         parser, command, argv = usage_parser(), cmd_usage, argv[1:]
     elif argv[:1] == ["spool"]:
         parser, command, argv = spool_parser(), cmd_spool, argv[1:]
+    elif argv[:1] == ["config"]:
+        parser, command, argv = config_parser(), cmd_config, argv[1:]
+    elif argv[:1] == ["doctor"]:
+        parser, command, argv = doctor_parser(), cmd_doctor, argv[1:]
     else:
         parser, command = report_parser(), partial(cmd_report, early=early)
     args = parser.parse_args(argv)
     try:
-        sys.stdout.write(command(args))
-        return 0
+        out = command(args)
+        text, status = out if isinstance(out, tuple) else (out, 0)
+        sys.stdout.write(text)
+        return status
     except GpuEffError as exc:
         print(f"gpueff: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,6 +1,6 @@
-"""Site configuration: one INI file (standard library only: the hooks read it).
+"""Site configuration: one TOML file (standard library only: the hooks read it).
 
-The file is found through $GPUEFF_CONFIG, else /etc/slurm-gpu-eff/gpueff.conf; a
+The file is found through $GPUEFF_CONFIG, else /etc/slurm-gpu-eff/gpueff.toml; a
 missing file means defaults (the driver's NVML, spool and store under /var). Paths may hold
 `%n`, replaced by the Slurm node name, so nodes that share a host or a filesystem
 keep apart.
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from .errors import ConfigError
 
-DEFAULT_PATH = "/etc/slurm-gpu-eff/gpueff.conf"
+DEFAULT_PATH = "/etc/slurm-gpu-eff/gpueff.toml"
 
 
 class Config:
@@ -74,6 +74,9 @@ class Config:
         scontrol: str = "scontrol",
         sacctmgr: str = "sacctmgr",
         scancel: str = "scancel",  # idle-GPU alerts' cancelling (mail/idle.py)
+        # node_exporter's textfile collector directory: each running job's live figures
+        # there (node/export.py); "": no export.
+        export_dir: str = "",
         # Usage reports: the price of a kWh (in `currency`) and the grid's carbon intensity
         # (g CO2 per kWh) turn GPU energy into cost and CO2; None: those columns stay empty.
         price_per_kwh: float | None = None,
@@ -154,6 +157,7 @@ class Config:
         self.live_mirror_s = live_mirror_s
         self.scontrol = scontrol
         self.scancel = scancel
+        self.export_dir = export_dir
         self.sacctmgr = sacctmgr
         self.price_per_kwh = price_per_kwh
         self.currency = currency
@@ -265,13 +269,31 @@ _KEYS = [
     ("mail", "idle_opt_out_word", "idle_opt_out_word", str),
     ("mail", "idle_check_s", "idle_check_s", float),
     ("slurm", "scancel", "scancel", str),
+    ("export", "textfile_dir", "export_dir", str),
 ]
 # Settings where 0 says something (no live mirror but the end's; no minimum length).
 _ZERO_MEANS = {"live_mirror_s", "mail_min_minutes", "idle_alert_min", "idle_cancel_min"}
 _CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none", "starttls", "tls")}
 
-_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True,
-             "false": False, "no": False, "off": False, "0": False}
+# Settings where "" says something (no opt-out word); elsewhere "" is the default.
+_EMPTY_MEANS = {"idle_opt_out_word"}
+
+
+def effective(config: Config) -> dict[str, dict[str, object]]:
+    """Every setting as it is in force, by section and key (`gpueff config`)."""
+    out: dict[str, dict[str, object]] = {}
+    for section, key, name, _ in _KEYS:
+        out.setdefault(section, {})[key] = getattr(config, name)
+    store = out["store"]  # the URLs the file gave, not the ones derived from path
+    if store["url"] == f"sqlite://{config.store_path}":
+        store["url"] = ""
+    else:
+        store["path"] = ""
+    if config.store_read_url == config.store_url:
+        store["read_url"] = ""
+    if config.hints:
+        out["hints"] = dict(config.hints)
+    return out
 
 
 def config_path(path: str | None = None) -> str:
@@ -279,47 +301,43 @@ def config_path(path: str | None = None) -> str:
 
 
 def load_config(path: str | None = None) -> Config:
-    """Read the config file; raises ConfigError with the file, line or key at fault."""
+    """Read the TOML file; raises ConfigError naming the file, and the key and its line."""
     explicit = path or os.environ.get("GPUEFF_CONFIG")
     path = config_path(path)
     try:
         with open(path, encoding="utf-8") as handle:
-            raw = parse_ini(handle.read(), path)
+            text = handle.read()
     except FileNotFoundError as exc:
         if explicit:  # a typo in a path someone gave must not fall back to defaults
             raise ConfigError(f"config file {path} does not exist") from exc
         return Config(path=None)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: str) -> Config:
+    raw = _toml(text, path)
     known = {(section, key): (name, kind) for section, key, name, kind in _KEYS}
     values: dict[str, object] = {}
-    hints = {key: text for (section, key), text in raw.items() if section == "hints"}
-    for (section, key), text in raw.items():
-        if section == "hints":
-            continue
-        if (section, key) not in known:
-            raise ConfigError(f"{path}: unknown setting [{section}] {key}")
-        name, kind = known[(section, key)]
-        if text == "":
-            continue
-        if kind is bool:
-            if text.lower() not in _BOOLEANS:
-                raise ConfigError(f"{path}: [{section}] {key} = {text!r}: say true or false")
-            values[name] = _BOOLEANS[text.lower()]
-            continue
-        try:
-            value = kind(text)
-        except ValueError as exc:
-            raise ConfigError(f"{path}: [{section}] {key} = {text!r} is not a number") from exc
-        if kind is float and name in _ZERO_MEANS and 0 <= value < math.inf:
-            pass
-        elif kind is float and not 0 < value < math.inf:  # nan and inf read as floats too
-            raise ConfigError(f"{path}: [{section}] {key} must be a number greater than 0")
-        if kind is int and value < 0:
-            raise ConfigError(f"{path}: [{section}] {key} must not be negative")
-        if name in _CHOICES and value not in _CHOICES[name]:
-            raise ConfigError(f"{path}: [{section}] {key} = {text!r}: say {' or '.join(_CHOICES[name])}")
-        values[name] = value
+    hints: dict[str, str] = {}
+    for section, table in raw.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{_where(path, text, '', section)}: settings go under a [section] "
+                              "(see etc/gpueff.toml.example)")
+        for key, value in table.items():
+            where = _where(path, text, section, key)
+            if section == "hints":  # the hints module knows its rules and checks these itself
+                hints.update(_hint_settings(key, value))
+                continue
+            if (section, key) not in known:
+                raise ConfigError(f"{where}: unknown setting")
+            name, kind = known[(section, key)]
+            checked = _typed(value, kind, where)
+            if checked == "" and name not in _EMPTY_MEANS:
+                continue
+            _check_range(name, kind, checked, where)
+            values[name] = checked
     config = Config(path, hints=hints, **values)  # type: ignore[arg-type]
     # The shims kill a hook at 20 s; the epilog must still have time to post after waiting.
     if not config.hook_timeout_s <= 18:
@@ -331,6 +349,64 @@ def load_config(path: str | None = None) -> Config:
     if config.sim_time_scale != 1 and not config.sim_devices:
         raise ConfigError(f"{path}: [sim] time_scale needs [sim] devices (its clock starts there)")
     return config
+
+
+def _toml(text: str, path: str) -> dict[str, object]:
+    # here, not at the top: the standard library's TOML reader costs the hooks ~20 ms
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10 (the tomli backport, a dependency there)
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # its message names the line and column
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def _hint_settings(key: str, value: object) -> dict[str, str]:
+    """[hints] as the hints module reads them: `low_util.warn_pct = 30` is a dotted key
+    (a table in TOML) and comes back as "low_util.warn_pct"; a list is comma-separated."""
+    if isinstance(value, dict):
+        return {f"{key}.{k}": v for sub, item in value.items() for k, v in _hint_settings(sub, item).items()}
+    return {key: ", ".join(map(str, value)) if isinstance(value, list) else str(value)}
+
+
+_NAMES = {str: "a string in quotes", float: "a number", int: "a whole number", bool: "true or false"}
+
+
+def _typed(value: object, kind: type, where: str) -> object:
+    """The value as the setting's type; TOML's own types, never a guess from text."""
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{where} = {value!r}: must be {_NAMES[kind]}")
+
+
+def _check_range(name: str, kind: type, value: object, where: str) -> None:
+    if kind is float:
+        number = float(value)  # type: ignore[arg-type]
+        if not (0 <= number < math.inf if name in _ZERO_MEANS else 0 < number < math.inf):
+            raise ConfigError(f"{where} = {value!r}: must be a number greater than 0"
+                              + (" (or 0)" if name in _ZERO_MEANS else ""))
+    if kind is int and int(value) < 0:  # type: ignore[call-overload]
+        raise ConfigError(f"{where} = {value!r}: must not be negative")
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise ConfigError(f"{where} = {value!r}: say {' or '.join(_CHOICES[name])}")
+
+
+def _where(path: str, text: str, section: str, key: str) -> str:
+    """'FILE, line N: [section] key' (the line found by a plain scan: tomllib gives none)."""
+    current, line_no = "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("[") and "]" in stripped:
+            current = stripped[1:stripped.index("]")].strip().strip('"')
+        elif current == section and stripped.partition("=")[0].strip().strip('"') == key:
+            line_no = number
+            break
+    name = f"[{section}] {key}" if section else key
+    return f"{path}, line {line_no}: {name}" if line_no else f"{path}: {name}"
 
 
 # Where Slurm's commands usually are: a prolog's environment has no PATH of its own.
@@ -362,22 +438,3 @@ def driver_clock(config: Config) -> Callable[[], float]:
     except OSError as exc:
         raise ConfigError(f"cannot read the simulated devices {config.sim_devices}: {exc.strerror}") from exc
     return lambda: boot + (time.time() - boot) * scale
-
-
-def parse_ini(text: str, path: str) -> dict[tuple[str, str], str]:
-    """A small INI reader ([section], key = value, # comments): configparser costs the
-    prolog milliseconds for features this file does not use."""
-    values: dict[tuple[str, str], str] = {}
-    section = ""
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line[0] == "[" and line[-1] == "]":
-            section = line[1:-1].strip().lower()
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not section:
-            raise ConfigError(f"{path}, line {number}: expected 'key = value' under a [section]")
-        values[(section, key.strip().lower())] = value.strip()
-    return values

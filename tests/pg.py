@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.configfile import toml
+
 REPO = Path(__file__).resolve().parents[1]
 PG_SH = REPO / "scripts" / "pg.sh"
 ENGINES = ("sqlite", "postgresql")
@@ -225,13 +227,18 @@ class StoreSite:
     def postgresql(cls, server: PgServer) -> StoreSite:
         return cls("postgresql", server.url, server.read_url, server=server)
 
-    def config(self) -> str:
-        """The config's [store] section, newline-terminated; and no AdminComment mirror:
-        the jobs of a test with a store of its own are not Slurm's."""
-        mirror = "[slurm]\nadmin_comment = false\n"
+    def sections(self) -> dict[str, dict[str, Any]]:
+        """The config's [store] section; and no AdminComment mirror ([slurm]): the jobs of a
+        test with a store of its own are not Slurm's."""
+        mirror = {"admin_comment": False}
         if self.server is not None:
-            return f"[store]\nurl = {self.url}\nread_url = {self.read_url}\n{mirror}"
-        return f"[store]\npath = {self.path}\n{mirror}"
+            return {"store": {"url": self.url, "read_url": self.read_url}, "slurm": mirror}
+        return {"store": {"path": str(self.path)}, "slurm": mirror}
+
+    def config(self) -> str:
+        """sections() as TOML, newline-terminated (a config file holds each section once:
+        a caller with a [store] or [slurm] of its own merges sections() instead)."""
+        return toml(self.sections())
 
     def create(self) -> None:
         """Open and close it once as a writer: the schema is there (as after a first delivery)."""

@@ -26,36 +26,44 @@ def gres_gpu_minors(
     a MIG capability (/dev/nvidia-caps/nvidia-capN) maps to (GPU minor, GPU instance id)
     through the driver's `mig_minors` table. {} when slurmd cannot answer; a position it
     cannot map is left out (and the binding refuses it, rather than guess)."""
-    slurmd = find_command(slurmd)  # a prolog's PATH often lacks the sbin directories
-    try:
-        done = subprocess.run([slurmd, "-G", "-N", node], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return {}
     minors: dict[int, int | tuple[int, int]] = {}
     table: dict[int, tuple[int, int]] | None = None
-    # slurmd prints the list through its logger, to stderr on 22.05, in Slurm's own order:
-    # a job's SLURM_JOB_GPUS counts positions in it. (Its "Index=" is the device file's
-    # number: nvidia-cap21 prints Index=21, yet the job on it gets SLURM_JOB_GPUS=1.)
-    position = 0
-    for line in (done.stdout + done.stderr).decode("utf-8", "replace").splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if fields.get("Name") != "gpu" or "File" not in fields:
-            continue
-        files = expand_hostlist(fields["File"])
+    for position, files in enumerate(gres_gpu_files(node, slurmd) or []):
         caps = [path for path in files if "nvidia-caps" in path]
         if caps:  # one MIG slice: its parent's file and its capabilities, one position
             table = mig_table(mig_minors) if table is None else table
             slot = next((table[m] for m in map(_char_minor, caps) if m in table), None)
             if slot is not None:
                 minors[position] = slot
-            position += 1
             continue
-        for path in files:
-            minor = _char_minor(path)
-            if minor is not None:
-                minors[position] = minor
-            position += 1
+        minor = _char_minor(files[0])
+        if minor is not None:
+            minors[position] = minor
     return minors
+
+
+def gres_gpu_files(node: str, slurmd: str = "slurmd") -> list[list[str]] | None:
+    """The device files of each of the node's GPU positions (one file, or a MIG slice's
+    files), in Slurm's order, as `slurmd -G` lists them; None when slurmd cannot answer."""
+    slurmd = find_command(slurmd)  # a prolog's PATH often lacks the sbin directories
+    try:
+        done = subprocess.run([slurmd, "-G", "-N", node], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # slurmd prints the list through its logger, to stderr on 22.05, in Slurm's own order:
+    # a job's SLURM_JOB_GPUS counts positions in it. (Its "Index=" is the device file's
+    # number: nvidia-cap21 prints Index=21, yet the job on it gets SLURM_JOB_GPUS=1.)
+    positions: list[list[str]] = []
+    for line in (done.stdout + done.stderr).decode("utf-8", "replace").splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("Name") != "gpu" or "File" not in fields:
+            continue
+        files = expand_hostlist(fields["File"])
+        if any("nvidia-caps" in path for path in files):
+            positions.append(files)
+        else:
+            positions += [[path] for path in files]
+    return positions
 
 
 def _char_minor(path: str) -> int | None:

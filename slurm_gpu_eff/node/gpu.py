@@ -9,6 +9,7 @@ and in the tests: there, a stand-in libnvidia-ml.so.1 sits below the same pynvml
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import time
@@ -547,3 +548,42 @@ class GpuSession:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError:
             pass
+
+
+def inventory(config: Config) -> tuple[str | None, list[dict[str, Any]]]:
+    """What `gpueff doctor` says of this node's GPUs: the driver's version, and per GPU
+    its minor, UUID, name, persistence mode and GPM support (None where NVML cannot say:
+    an old driver, a call not there). Raises GpuAccessError when NVML cannot start."""
+    nvml = load_nvml(config)
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise GpuAccessError(f"NVML cannot start: {exc}") from exc
+    try:
+        driver = _maybe(nvml, nvml.nvmlSystemGetDriverVersion)
+        gpus = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            support = _maybe(nvml, nvml.nvmlGpmQueryDeviceSupport, handle)
+            persistence = _maybe(nvml, nvml.nvmlDeviceGetPersistenceMode, handle)
+            gpus.append({
+                "minor": _maybe(nvml, nvml.nvmlDeviceGetMinorNumber, handle),
+                "uuid": _text(_maybe(nvml, nvml.nvmlDeviceGetUUID, handle) or ""),
+                "name": _text(_maybe(nvml, nvml.nvmlDeviceGetName, handle) or ""),
+                "persistence": None if persistence is None else persistence == 1,
+                "gpm": None if support is None else bool(support.isSupportedDevice),
+            })
+    except nvml.NVMLError as exc:
+        raise GpuAccessError(f"NVML cannot list GPUs: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    return (None if driver is None else _text(driver)), gpus
+
+
+def _maybe(nvml: ModuleType, function: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return function(*args)
+    except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLLibraryMismatchError,
+            AttributeError):
+        return None

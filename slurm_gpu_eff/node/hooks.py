@@ -45,10 +45,28 @@ def child_env(env: Mapping[str, str], config: Config) -> dict[str, str]:
 
 
 def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
-    job = JobContext.from_env(env)
-    gpus = parse_job_gpus(job.job_gpus)  # BindingError is logged by main(); no sampler then
-    if not gpus:
+    """The prolog in Python (prolog/gpueff-prolog, a shell script, is what Slurm runs: it
+    starts the sampler, which calls prepare() itself): the job's spool directory, the
+    detached sampler, its pid file, before returning."""
+    prepared = prepare(env, config)
+    if prepared is None:
         return
+    job_dir, started = prepared
+    # The sampler reads the job from Slurm's variables and the config we were given: no
+    # other description of the job, so the prolog writes no JSON (json imports re).
+    sampler_env = dict(child_env(env, config), GPUEFF_RUN_STARTED=f"{started:.3f}")
+    pid = start_detached(sampler_command(config, job_dir), sampler_env)
+    write_pid(job_dir, pid, started)
+    log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')}")
+
+
+def prepare(env: Mapping[str, str], config: Config) -> tuple[str, float] | None:
+    """The job's private spool directory, and this run's start (its identity: the job id
+    alone is not, a requeued job keeps it); None for a job without GPUs."""
+    job = JobContext.from_env(env)
+    gpus = parse_job_gpus(job.job_gpus)  # BindingError is logged by the caller; no sampler then
+    if not gpus:
+        return None
     spool = Spool(config.spool_for(job.node))
     job_dir = spool.job_dir(job.job_id)
     try:
@@ -56,15 +74,17 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
         private_dirs(job_dir)
     except OSError as exc:
         raise SpoolError(f"cannot create {job_dir}: {exc.strerror}") from exc
-    # The sampler reads the job from Slurm's variables and the config we were given: no
-    # other description of the job, so the prolog writes no JSON (json imports re).
-    started = time.time()  # this run's identity: the job id alone is not (requeues)
-    sampler_env = dict(child_env(env, config), GPUEFF_RUN_STARTED=f"{started:.3f}")
-    pid = start_detached(sampler_command(config, job_dir), sampler_env)
-    with os.fdopen(os.open(os.path.join(job_dir, PID_FILE), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                   "w", encoding="ascii") as handle:
+    return job_dir, time.time()
+
+
+def write_pid(job_dir: str, pid: int, started: float) -> None:
+    """Written whole and renamed: the epilog may read it the moment it appears."""
+    path = os.path.join(job_dir, PID_FILE)
+    part = f"{path}.{pid}.part"
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
         handle.write(f"{pid} {started:.3f}\n")
-    log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={job.job_gpus}")
+    os.replace(part, path)
 
 
 def start_detached(command: list[str], env: Mapping[str, str]) -> int:
@@ -86,6 +106,10 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     job = JobContext.from_env(env)
     spool = Spool(config.spool_for(job.node))
     job_dir = spool.job_dir(job.job_id)
+    pid_file = os.path.join(job_dir, PID_FILE)
+    if (not os.path.exists(pid_file) and _has_gpus(job.job_gpus)
+            and starting_sampler(job.job_id, job.node, pid_file, config.stop_wait_s)):
+        log.write("the sampler the prolog started was still starting: waited for it")
     if os.path.isdir(job_dir):
         stop_sampler(job_dir, config.stop_wait_s, log)
         summary = node_summary(job_dir, job, config)
@@ -99,6 +123,10 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
             reason = f"GPUs not sampled: {exc}"
         summary = _missing(job, config, reason)
     summary.ended_at = time.time()
+    if config.export_dir:  # a sampler killed before it could take its figures away
+        from .export import remove
+
+        remove(config.export_dir, job.job_id)
     spool.post(summary)  # if this fails (disk full), the next delivery sweeps the job dir
     import shutil  # here: the prolog never needs it
 
@@ -121,6 +149,42 @@ def node_summary(job_dir: str, job: JobContext, config: Config) -> NodeSummary:
         return _missing(job, config, f"the sampler left no summary ({exc})")
     summary.cut_short("the sampler stopped unexpectedly")
     return summary
+
+
+def _has_gpus(job_gpus: str) -> bool:
+    try:
+        return bool(parse_job_gpus(job_gpus))
+    except GpuEffError:
+        return False
+
+
+def starting_sampler(job_id: str, node: str, pid_file: str, wait_s: float) -> bool:
+    """A job that ends within milliseconds of its prolog: the sampler that the shell
+    prolog started may not have written its pid file yet. True if one was starting (its
+    command line names the job, its environment this node), once the file is there or
+    wait_s passed."""
+    wanted = [b"slurm_gpu_eff.node.sampler", b"--prolog", job_id.encode()]
+    here = f"SLURMD_NODENAME={node}".encode()
+    end = time.monotonic() + wait_s
+    found = False
+    while time.monotonic() < end and not os.path.exists(pid_file):
+        if not any(_starting(pid, wanted, here) for pid in os.listdir("/proc") if pid.isdigit()):
+            return found
+        found = True
+        time.sleep(0.02)
+    return found
+
+
+def _starting(pid: str, wanted: list[bytes], here: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            parts = handle.read().split(b"\0")
+        if not any(parts[i:i + len(wanted)] == wanted for i in range(len(parts))):
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return here in handle.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:

@@ -10,6 +10,7 @@ running job can be reported. Standard library and pynvml only: this is a hot pat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -22,6 +23,7 @@ from typing import Any
 from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, GpuLost
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
+from . import export
 from .binding import gres_gpu_minors
 from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
 from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
@@ -211,6 +213,10 @@ class GpuStats:
             return self.power_energy_j, "power"
         return None, None
 
+    def last(self, name: str) -> float | None:
+        stat = self.stats.get(name)
+        return stat.last if stat is not None and stat.samples else None
+
     def summary(self, node: str) -> GpuSummary:
         energy_j, source = self.energy()
         gpu = self.gpu
@@ -271,6 +277,7 @@ class Sampler:
         self.sampled_from: float | None = None
         self.sampled_until: float | None = None
         self._last: float | None = None
+        self.export_failed = False
 
     def sample_once(self) -> None:
         now = self.clock()
@@ -334,6 +341,49 @@ class Sampler:
         )
 
 
+class LiveFigures:
+    """One GPU as node/export.py writes it for Prometheus."""
+
+    def __init__(self, stats: GpuStats, job: JobContext) -> None:
+        self.stats, self.job = stats, job
+
+    def live(self) -> dict[str, float | None]:
+        s = self.stats
+        util, sm = s.last("util"), s.last("sm_active")
+        idle = s.idle_now()
+        return {
+            "gpueff_gpu_utilization_ratio": None if util is None else util / 100,
+            "gpueff_gpu_sm_active_ratio": None if sm is None else sm / 100,
+            "gpueff_gpu_memory_used_bytes": s.last("mem_used_bytes"),
+            "gpueff_gpu_power_watts": s.last("power_w"),
+            "gpueff_gpu_energy_joules": s.energy()[0],
+            "gpueff_gpu_idle_seconds": 0.0 if idle is None else idle[1],
+        }
+
+    def labels(self) -> dict[str, str]:
+        gpu = self.stats.gpu
+        return {"job_id": self.job.job_id, "user": self.job.user, "account": self.job.account,
+                "node": self.job.node, "minor": str(gpu.minor), "uuid": gpu.uuid or ""}
+
+
+def export_live(sampler: Sampler, log: HookLog) -> None:
+    if not sampler.config.export_dir:
+        return
+    try:
+        export.write(sampler.config.export_dir, sampler.job.job_id,
+                     [LiveFigures(s, sampler.job) for s in sampler.gpus if s.lost_at is None])
+    except OSError as exc:
+        if not sampler.export_failed:  # said once, not every second
+            log.write(f"Prometheus export to {sampler.config.export_dir} failed: {exc}")
+        sampler.export_failed = True
+
+
+def unexport(config: Config, job_id: str) -> None:
+    if config.export_dir:
+        with contextlib.suppress(OSError):
+            export.remove(config.export_dir, job_id)
+
+
 class Stopper:
     """Turns SIGTERM/SIGINT into a flag and wakes any wait at once (no sleep to finish)."""
 
@@ -372,6 +422,7 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     posted_level = 0  # the idle policy's level the store has heard of
     while not stopper.requested:
         sampler.sample_once()
+        export_live(sampler, log)
         now = sampler.monotonic()
         level = sampler.idle_level()
         if level > posted_level:  # the alert (or cancel) minute passed: tell the store now
@@ -521,13 +572,14 @@ def spawn_delivery(config: Config, spool_root: str) -> subprocess.Popen[bytes]:
     )
 
 
-def run(job_dir: str, config: Config) -> None:
+def run(job_dir: str, config: Config, started: float | None = None, stopper: Stopper | None = None) -> None:
     """The sampler process: never lets an exception escape without leaving a summary."""
     job = JobContext.from_env(os.environ)  # the prolog's environment: Slurm's variables
     log = HookLog(config.log_for(job.node), job.job_id, "sampler")
     summary_path = os.path.join(job_dir, SUMMARY)
-    stopper = Stopper()
-    started = run_started_at(os.environ)  # the prolog says when this run began
+    stopper = stopper or Stopper()
+    if started is None:
+        started = run_started_at(os.environ)  # the prolog says when this run began
     session = None
     sampler: Sampler | None = None
     try:
@@ -553,13 +605,51 @@ def run(job_dir: str, config: Config) -> None:
                    else sampler.snapshot(PARTIAL, f"sampling stopped: {exc}"))
         checkpoint(summary_path, summary, log)
     finally:
+        unexport(config, job.job_id)  # however the sampler ends: no stale figures
         if session is not None:
             session.close()
 
 
+def begin(env: Mapping[str, str]) -> None:
+    """Started by the shell prolog (prolog/gpueff-prolog), which returned at once: the
+    prolog's work is done here, off the job's start. Its own session first (the shell
+    starts it through setsid where there is one)."""
+    from .hooks import prepare, write_pid
+
+    with contextlib.suppress(OSError):
+        os.setsid()
+    job_id, node = env.get("SLURM_JOB_ID", "?"), env.get("SLURMD_NODENAME", "")
+    try:
+        config = load_config()
+    except GpuEffError as exc:
+        HookLog(Config().log_for(node), job_id, "prolog").write(str(exc))
+        return
+    log = HookLog(config.log_for(node), job_id, "prolog")
+    try:
+        prepared = prepare(env, config)
+        if prepared is None:
+            return
+        job_dir, started = prepared
+        stopper = Stopper()  # before the pid file: from then on the epilog may signal us
+        write_pid(job_dir, os.getpid(), started)
+    except (GpuEffError, OSError) as exc:
+        log.write(str(exc))
+        return
+    log.write(f"sampler pid {os.getpid()} started for SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')}")
+    run(job_dir, config, started, stopper)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--prolog":
+        try:
+            begin(os.environ)
+        except Exception as exc:  # last resort, as below
+            with contextlib.suppress(Exception):
+                HookLog(load_config().log_for(os.environ.get("SLURMD_NODENAME", "")), argv[1],
+                        "sampler").write(f"crashed: {exc!r}")
+        return 0
     if len(argv) != 1:
-        print("usage: python -m slurm_gpu_eff.node.sampler JOB_DIR", file=sys.stderr)
+        print("usage: python -m slurm_gpu_eff.node.sampler JOB_DIR | --prolog JOB_ID", file=sys.stderr)
         return 2
     try:
         run(argv[0], load_config())

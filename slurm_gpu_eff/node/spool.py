@@ -143,12 +143,19 @@ def run_started(job_dir: str) -> float | None:
 
 
 def is_sampler(pid: int, job_dir: str) -> bool:
-    """True while `pid` is this job's live sampler (not a zombie, not a recycled pid)."""
+    """True while `pid` is this job's live sampler (not a zombie, not a recycled pid): its
+    command line names the job's directory, or (started by the shell prolog) the job
+    after --prolog."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return job_dir.encode() in handle.read().split(b"\0")
+            parts = handle.read().split(b"\0")
     except OSError:
         return False
+    if job_dir.encode() in parts:
+        return True
+    at = parts.index(b"--prolog") if b"--prolog" in parts else -1
+    return (at >= 0 and b"slurm_gpu_eff.node.sampler" in parts
+            and parts[at + 1:at + 2] == [os.path.basename(job_dir).encode()])
 
 
 def private_dirs(path: str) -> None:

@@ -123,6 +123,7 @@ def _environment() -> jinja2.Environment:
     env.filters.update(
         clean=clean, pct=pct, fraction=fraction, gib=gib, size=size, hms=hms, watts=watts,
         joules=joules, clocktime=clocktime, evidence=evidence, aligned=aligned, num=num,
+        toml=toml_value,
     )
     env.globals["charts"] = charts
     return env
@@ -151,6 +152,28 @@ def render_mail_html(report: JobReport, charts_by_gpu: list[str | None], footer:
 def render_idle(kind: str, context: dict[str, Any]) -> str:
     """An idle-GPU alert ("alert") or the notice of a job cancelled for it ("cancel")."""
     return _environment().get_template(f"idle_{kind}.txt.j2").render(**context)
+
+
+def render_config(settings: dict[str, dict[str, Any]], path: str, as_json: bool = False) -> str:
+    """`gpueff config`: TOML a site can copy back into its file, or JSON."""
+    if as_json:
+        return json.dumps({"path": path, "settings": settings}, indent=2) + "\n"
+    return _environment().get_template("config.toml.j2").render(settings=settings, path=path)
+
+
+def render_doctor(result: dict[str, Any], as_json: bool = False) -> str:
+    if as_json:
+        return json.dumps(result, indent=2) + "\n"
+    return _environment().get_template("doctor.txt.j2").render(**result)
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    # a TOML basic string: JSON's escapes are TOML's, but for DEL, which TOML wants escaped
+    return json.dumps(str(value)).replace("\x7f", "\\u007f")
 
 
 def render_json(report: JobReport | GroupReport) -> str:

@@ -109,6 +109,10 @@ class Store(ABC):
         load, or days a store from before the rollup lacks); the number of days."""
 
     @abstractmethod
+    def schema(self) -> list[str]:
+        """The migrations applied to this store, in order (`gpueff doctor`)."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     def __enter__(self) -> Store:

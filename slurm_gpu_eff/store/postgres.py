@@ -159,6 +159,9 @@ class PostgresStore(Store):
             except psycopg.Error:
                 pass  # a zone PostgreSQL does not know: the server's own
 
+    def schema(self) -> list[str]:
+        return self._applied()
+
     def _applied(self) -> list[str]:
         if self.conn.execute("select to_regclass('gpueff_migrations')").fetchone() == (None,):
             return []

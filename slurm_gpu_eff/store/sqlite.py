@@ -56,14 +56,16 @@ class SqliteStore(Store):
             with self._writing():
                 migrations.apply(self.db)
 
+    def schema(self) -> list[str]:
+        if not self.conn.execute("select 1 from sqlite_master where name = '_sqlite_migrations'").fetchone():
+            return []
+        return [name for (name,) in self.conn.execute(
+            "select name from _sqlite_migrations where migration_set = ? order by rowid", (MIGRATION_SET,))]
+
     def _check_not_newer(self) -> None:
         """A store that a newer slurm-gpu-eff has migrated is never written by this one (nor
         read as if it knew its shape): a clear error, not silent damage."""
-        if not self.conn.execute("select 1 from sqlite_master where name = '_sqlite_migrations'").fetchone():
-            return
-        applied = [name for (name,) in self.conn.execute(
-            "select name from _sqlite_migrations where migration_set = ? order by rowid", (MIGRATION_SET,))]
-        unknown = [name for name in applied if name not in SCHEMA]
+        unknown = [name for name in self.schema() if name not in SCHEMA]
         if unknown:
             raise StoreError(f"the store {self.path} was upgraded by a newer slurm-gpu-eff "
                              f"(schema {', '.join(unknown)}): upgrade this one to use it")

@@ -31,6 +31,7 @@ import pytest
 from scripts.demo import cluster_env
 from slurm_gpu_eff.config import Config, load_config
 from tests import pg
+from tests.configfile import value
 
 REPO = Path(__file__).resolve().parents[2]
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -197,9 +198,14 @@ class Cluster:
                 return
             time.sleep(0.5)
 
+    @property
+    def config_file(self) -> Path:
+        """The cluster's config file (TOML), as the hooks find it: $GPUEFF_CONFIG."""
+        return Path(self.env["GPUEFF_CONFIG"])
+
     def config(self) -> Config:
-        """The cluster's gpueff.conf as the hooks read it now (the engine may be switched)."""
-        return load_config(self.env["GPUEFF_CONFIG"])
+        """The cluster's config as the hooks read it now (the engine may be switched)."""
+        return load_config(str(self.config_file))
 
     @property
     def store_url(self) -> str:
@@ -262,6 +268,21 @@ def cluster() -> Cluster:
     if not up:
         fail_or_skip("the development cluster is not running (make cluster)")
     return Cluster(env)
+
+
+def with_settings(text: str, section: str, settings: dict[str, Any] | str) -> str:
+    """The TOML config `text` with `settings` (typed values, written as TOML; or TOML lines
+    as they are) in its [section]: right after the section's header where it has one (TOML
+    allows a table only once, so a second [section] would not do), else in that section
+    added at the end. A key the section already sets is an error when the file is read."""
+    if isinstance(settings, str):
+        lines = settings if settings.endswith("\n") else settings + "\n"
+    else:
+        lines = "".join(f"{key} = {value(v)}\n" for key, v in settings.items())
+    header = re.compile(rf"^\[{re.escape(section)}\][ \t]*(#.*)?\n", re.M)
+    if header.search(text):
+        return header.sub(lambda found: found[0] + lines, text, count=1)
+    return text + ("\n" if text and not text.endswith("\n") else "") + f"[{section}]\n{lines}"
 
 
 def fail_or_skip(message: str) -> None:

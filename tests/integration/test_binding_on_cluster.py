@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import REPO, Cluster, with_settings
 
 pytestmark = [pytest.mark.cluster]  # the node side: the store's engine changes nothing here
 
@@ -68,12 +68,12 @@ def test_a_lying_gres_mapping_is_reported_as_a_mismatch(cluster: Cluster) -> Non
     """The hooks' config names a slurmd whose gres list is off by one; the job's own
     workload (with the real mapping, as CUDA would see its GPU) plays on the GPU Slurm gave
     it. The sampler reads another GPU: it must say so, not report it as the job's."""
-    etc = cluster.dir / "etc" / "gpueff.conf"
+    etc = cluster.config_file
     original = etc.read_text()
-    honest = cluster.write("honest.conf", original)  # what the job itself reads
+    honest = cluster.write("honest.toml", original)  # what the job itself reads
     liar = cluster.write("slurmd-liar", LIAR.format(devices=cluster.dir / "nodes" / NODE))
     liar.chmod(0o755)
-    etc.write_text(original + f"[slurm]\nslurmd = {liar}\n")
+    etc.write_text(with_settings(original, "slurm", {"slurmd": str(liar)}))
     try:
         profile = cluster.profile([{"seconds": 25, "gpus": {"*": {"util": 80}}}])
         job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1",

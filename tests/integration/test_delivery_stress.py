@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import spool_status
+from tests.configfile import write_config
 from tests.pg import StoreSite
 from tests.unit.conftest import wait_delivered
 
@@ -25,12 +26,13 @@ NODES, JOBS_PER_NODE, AT_ONCE = 25, 20, 25  # 500 epilogs, 25 running at any mom
 def test_five_hundred_epilogs_deliver_five_hundred_summaries(
     tmp_path: Path, store_site: StoreSite,
 ) -> None:
-    (tmp_path / "gpueff.conf").write_text(
-        f"[spool]\ndir = {tmp_path}/spool/%n\nretry_s = 0.5\nretry_max_s = 1\n"
-        + store_site.config() + f"[log]\nfile = {tmp_path}/log/%n.log\n"
-        f"[hooks]\npython = {sys.executable}\n"
-    )
-    base = {"PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(tmp_path / "gpueff.conf"),
+    config = write_config(tmp_path / "gpueff.toml", {
+        "spool": {"dir": f"{tmp_path}/spool/%n", "retry_s": 0.5, "retry_max_s": 1},
+        **store_site.sections(),
+        "log": {"file": f"{tmp_path}/log/%n.log"},
+        "hooks": {"python": sys.executable},
+    })
+    base = {"PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(config),
             "GPUEFF_PYTHON": sys.executable, "SLURM_CLUSTER_NAME": "stress",
             "SLURM_JOB_USER": "alice", "SLURM_JOB_GPUS": "0"}
     jobs = [(f"n{n:02d}", str(1000 + n * JOBS_PER_NODE + j))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Cluster
+from .conftest import Cluster, with_settings
 
 pytestmark = [pytest.mark.cluster]  # the node side: the store's engine changes nothing here
 
@@ -32,7 +32,7 @@ class Case:
     seconds: int = 12
     runner: str = "exec"
     before: str = ""
-    hints_config: str = ""  # [hints] lines for this job's `gpueff --config`
+    hints_config: str = ""  # [hints] lines (TOML) for this job's `gpueff --config`
     check: Check | None = None
 
 
@@ -214,8 +214,8 @@ def ran(cluster: Cluster) -> dict[str, Ran]:
         job.job_id = cluster.wait_played(job.job_id, timeout=300)
         args = ["--json"]
         if job.case.hints_config:
-            config = cluster.write("gpueff.conf", (cluster.dir / "etc" / "gpueff.conf").read_text()
-                                   + f"[hints]\n{job.case.hints_config}\n")
+            config = cluster.write("gpueff.toml", with_settings(cluster.config_file.read_text(), "hints",
+                                                                job.case.hints_config))
             args += ["--config", str(config)]
         result = cluster.gpueff(job.job_id, "alice", *args)
         assert result.code == 0, (name, result.err)

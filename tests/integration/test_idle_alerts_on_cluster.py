@@ -2,21 +2,19 @@
 samplers report an idle stretch, `gpueff-mail --watch` (started by `make cluster`) mails
 the user once at the configured minute, cancels the job at the next with the reason in
 sacct, and the end-of-job mail says so; an exempt job gets neither. The policy is turned
-on here, in the cluster's gpueff.conf, for this module's jobs only (minutes shrunk to
+on here, in the cluster's gpueff.toml ($GPUEFF_CONFIG), for this module's jobs only (minutes shrunk to
 seconds: the cluster's clock is the wall clock)."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.smtp import Server
 
-from .conftest import Cluster
+from .conftest import Cluster, with_settings
 
 pytestmark = [pytest.mark.cluster]
 PORT = 8025
@@ -36,11 +34,11 @@ def smtp() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def idle_policy(cluster: Cluster) -> Iterator[None]:
-    conf = Path(cluster.env["GPUEFF_CONFIG"])
+    conf = cluster.config_file
     before = conf.read_text()
-    policy = (f"idle_alert_min = {ALERT_S / 60}\nidle_cancel_min = {CANCEL_S / 60}\n"
-              "idle_opt_out_word = gpueff:idle-ok\n")
-    conf.write_text(re.sub(r"^\[mail\]\n", "[mail]\n" + policy, before, count=1, flags=re.M))
+    policy = {"idle_alert_min": ALERT_S / 60, "idle_cancel_min": CANCEL_S / 60,
+              "idle_opt_out_word": "gpueff:idle-ok"}
+    conf.write_text(with_settings(before, "mail", policy))
     try:
         yield
     finally:

@@ -25,6 +25,7 @@ from slurm_gpu_eff.model import RUNNING, GpuSummary, NodeSummary
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store import open_store
 from tests import pg
+from tests.configfile import write_config
 from tests.unit.conftest import wait_delivered
 
 from .conftest import fail_or_skip
@@ -62,10 +63,11 @@ def live_copy(node: str, job: str, until: float) -> NodeSummary:
 
 
 def test_a_thousand_running_jobs_live_copies_reach_each_engine(tmp_path: Path, store_url: str) -> None:
-    conf = tmp_path / "gpueff.conf"
-    conf.write_text(f"[store]\nurl = {store_url}\n[log]\nfile = {tmp_path}/log/%n.log\n"
-                    "[slurm]\nadmin_comment = false\n"  # its jobs are not Slurm's
-                    "[spool]\nretry_s = 0.5\nretry_max_s = 1\n")
+    conf = write_config(tmp_path / "gpueff.toml", {
+        "store": {"url": store_url}, "log": {"file": f"{tmp_path}/log/%n.log"},
+        "slurm": {"admin_comment": False},  # its jobs are not Slurm's
+        "spool": {"retry_s": 0.5, "retry_max_s": 1},
+    })
     env = {"PATH": "/usr/bin:/bin", "GPUEFF_CONFIG": str(conf)}
     spools = {f"n{n:02d}": Spool(str(tmp_path / "spool" / f"n{n:02d}")) for n in range(NODES)}
     jobs = [(node, str(10_000 + n * JOBS_PER_NODE + j))

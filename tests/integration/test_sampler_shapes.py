@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.configfile import write_config
 from tests.pg import StoreSite, as_json
 from tests.unit.conftest import wait_delivered
 
@@ -27,20 +28,21 @@ GIB = 1024**3
 
 
 def site(tmp_path: Path, store: StoreSite, devices: list[dict[str, Any]],
-         **sampler: str) -> dict[str, str]:
+         **sampler: float) -> dict[str, str]:
     (tmp_path / "devices.json").write_text(json.dumps({"n1": devices}))
     (tmp_path / "state" / "n1").mkdir(parents=True)
-    settings = {"interval_s": "0.5", "checkpoint_s": "1", "live_s": "3600", **sampler}
-    scale = settings.pop("time_scale", "1")
-    (tmp_path / "gpueff.conf").write_text(
-        f"[gpu]\nlibrary = {STANDIN}\n[sim]\ndevices = {tmp_path}/devices.json\n"
-        f"state_dir = {tmp_path}/state\ntime_scale = {scale}\n[sampler]\n"
-        + "".join(f"{k} = {v}\n" for k, v in settings.items())
-        + f"[spool]\ndir = {tmp_path}/spool/%n\n" + store.config()
-        + f"[log]\nfile = {tmp_path}/log/%n.log\n"
-    )
+    settings = {"interval_s": 0.5, "checkpoint_s": 1, "live_s": 3600, **sampler}
+    scale = settings.pop("time_scale", 1)
+    config = write_config(tmp_path / "gpueff.toml", {
+        "gpu": {"library": str(STANDIN)},
+        "sim": {"devices": f"{tmp_path}/devices.json", "state_dir": f"{tmp_path}/state", "time_scale": scale},
+        "sampler": settings,
+        "spool": {"dir": f"{tmp_path}/spool/%n"},
+        **store.sections(),
+        "log": {"file": f"{tmp_path}/log/%n.log"},
+    })
     return {
-        "PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(tmp_path / "gpueff.conf"),
+        "PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(config),
         "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1", "SLURM_CLUSTER_NAME": "dev",
         "SLURM_JOB_USER": "alice",
     }
@@ -104,7 +106,7 @@ def test_seven_days_at_four_gpus_in_bounded_memory_and_a_small_summary(
     devices = [{"minor": m, "uuid": f"GPU-bbbbbbbb-0000-0000-0000-00000000000{m}", "gpm": True,
                 "name": "H100", "sample_buffer": 120} for m in range(4)]
     # One simulated minute per poll; 4 simulated hours per wall second: 7 days in 42 s.
-    env = site(tmp_path, store_site, devices, interval_s="60", time_scale="14400") | {
+    env = site(tmp_path, store_site, devices, interval_s=60, time_scale=14400) | {
         "SLURM_JOB_GPUS": "0-3"}
     profile = tmp_path / "week.json"
     profile.write_text(json.dumps({"phases": [{"seconds": 7 * day, "gpus": {"*": {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import spool_status
+from tests.configfile import write_config
 from tests.pg import StoreSite
 from tests.unit.conftest import wait_delivered
 
@@ -33,12 +34,12 @@ DOWN_AFTER_S = 3.0  # the store stays down this long after the last epilog: retr
 def test_fifty_jobs_ending_with_the_store_down_are_delivered_once_it_is_back(
     tmp_path: Path, store_site: StoreSite,
 ) -> None:
-    config = tmp_path / "gpueff.conf"
-    config.write_text(
-        f"[spool]\ndir = {tmp_path}/spool/%n\nretry_s = 0.3\nretry_max_s = 1\n"
-        + store_site.config() + f"[log]\nfile = {tmp_path}/log/%n.log\n"
-        f"[hooks]\npython = {sys.executable}\n"
-    )
+    config = write_config(tmp_path / "gpueff.toml", {
+        "spool": {"dir": f"{tmp_path}/spool/%n", "retry_s": 0.3, "retry_max_s": 1},
+        **store_site.sections(),
+        "log": {"file": f"{tmp_path}/log/%n.log"},
+        "hooks": {"python": sys.executable},
+    })
     store_site.create()  # the store existed before it went down
     base = {"PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(config),
             "GPUEFF_PYTHON": sys.executable, "SLURM_CLUSTER_NAME": "down",

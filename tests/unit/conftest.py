@@ -27,6 +27,7 @@ from slurm_gpu_eff.sim.profile import parse_profile
 from slurm_gpu_eff.sim.workload import state_path, state_record
 from slurm_gpu_eff.slurm import DELIMITER, FIELDS, SlurmJob
 from tests import standin
+from tests.configfile import write_config
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GIB = 1024**3
@@ -227,10 +228,10 @@ class SimNode:
 
 
 def write_sim_config(root: Path, lib_path: str) -> Path:
-    path = root / "gpueff.conf"
-    path.write_text(f"[gpu]\nlibrary = {lib_path}\n[sim]\ndevices = {root / 'devices.json'}\n"
-                    f"state_dir = {root / 'state'}\n", encoding="utf-8")
-    return path
+    return write_config(root / "gpueff.toml", {
+        "gpu": {"library": lib_path},
+        "sim": {"devices": str(root / "devices.json"), "state_dir": str(root / "state")},
+    })
 
 
 @pytest.fixture
@@ -294,7 +295,7 @@ class HookSite:
         finally:
             store.close()
 
-    def configure(self, **sections: dict[str, str]) -> None:
+    def configure(self, **sections: dict[str, Any]) -> None:
         """Rewrite the site's config with some keys changed (see write_site_config)."""
         write_site_config(self.root, **sections)
 
@@ -323,6 +324,8 @@ class HookSite:
         return self.log_path.read_text(encoding="utf-8") if self.log_path.exists() else ""
 
     def sampler_pid(self, job_id: str = "4242") -> int:
+        """The job's sampler (the shell prolog's writes its own pid file: waited for)."""
+        self.wait_for(self.job_dir(job_id) / "sampler.pid")
         pid = int((self.job_dir(job_id) / "sampler.pid").read_text().split()[0])
         self.pids.append(pid)
         return pid
@@ -361,29 +364,24 @@ def runs_under(pid: int, root: Path) -> bool:
     return any(a.startswith(str(root).encode()) for a in args)
 
 
-def write_site_config(root: Path, **sections: dict[str, str]) -> Path:
-    """A gpueff.conf for the sim backend, everything under root; sections override keys."""
-    values: dict[str, dict[str, str]] = {
+def write_site_config(root: Path, **sections: dict[str, Any]) -> Path:
+    """A gpueff.toml for the sim backend, everything under root; sections override keys
+    (values as TOML types: numbers as numbers, str for strings, bool for true/false)."""
+    values: dict[str, dict[str, Any]] = {
         "gpu": {"library": standin.library_path()},
         "sim": {"devices": str(root / "devices.json"), "state_dir": str(root / "state")},
-        "sampler": {"interval_s": "0.2", "checkpoint_s": "0.5"},
-        "hooks": {"python": sys.executable, "timeout_s": "10"},
+        "sampler": {"interval_s": 0.2, "checkpoint_s": 0.5},
+        "hooks": {"python": sys.executable, "timeout_s": 10},
         "spool": {"dir": str(root / "spool" / "%n")},
         "store": {"path": str(root / "store" / "gpueff.db")},
         "log": {"file": str(root / "log" / "%n.log")},
         # No AdminComment mirror (on by default): a deliverer here never reaches a real
         # Slurm's job 4242. test_mirror.py checks the mirror with a fake Slurm.
-        "slurm": {"admin_comment": "false"},
+        "slurm": {"admin_comment": False},
     }
     for name, keys in sections.items():
         values.setdefault(name, {}).update(keys)
-    text = "".join(
-        f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
-        for name, keys in values.items()
-    )
-    path = root / "gpueff.conf"
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_config(root / "gpueff.toml", values)
 
 
 @pytest.fixture

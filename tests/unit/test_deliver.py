@@ -23,6 +23,7 @@ from slurm_gpu_eff.node.log import HookLog
 from slurm_gpu_eff.node.spool import Spool, write_json
 from slurm_gpu_eff.store.deliver import Busy, deliver, deliver_until_done, locked, spool_status
 from slurm_gpu_eff.store.sqlite import SqliteStore
+from tests.configfile import write_config
 from tests.unit.conftest import wait_delivered
 
 Factory = Callable[..., Any]
@@ -229,8 +230,8 @@ def test_the_retrier_gives_up_after_retry_for_s_and_says_so(
 def test_spool_status_and_flush_from_the_command_line(
     tmp_path: Path, spool: Spool, make_summary: Factory, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = tmp_path / "gpueff.conf"
-    config.write_text(f"[spool]\ndir = {tmp_path / 'spool'}\n[store]\npath = {tmp_path / 'cli.db'}\n")
+    config = write_config(tmp_path / "gpueff.toml", {"spool": {"dir": str(tmp_path / "spool")},
+                                                     "store": {"path": str(tmp_path / "cli.db")}})
     spool.post(make_summary())
     assert cli_main(["spool", "status", "--config", str(config)]) == 0
     out = capsys.readouterr().out
@@ -244,9 +245,10 @@ def test_spool_status_and_flush_from_the_command_line(
 def test_deliver_main_as_the_epilog_starts_it(
     tmp_path: Path, spool: Spool, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = tmp_path / "gpueff.conf"
-    config.write_text(f"[store]\npath = {tmp_path / 'main.db'}\n[log]\nfile = {tmp_path / 'log'}\n"
-                      "[slurm]\nadmin_comment = false\n")  # job 4242 is not Slurm's
+    config = write_config(tmp_path / "gpueff.toml", {
+        "store": {"path": str(tmp_path / "main.db")}, "log": {"file": str(tmp_path / "log")},
+        "slurm": {"admin_comment": False},  # job 4242 is not Slurm's
+    })
     monkeypatch.setenv("GPUEFF_CONFIG", str(config))
     spool.post(make_summary())
     write_json(os.path.join(spool.outbox, "junk.json"), "not a summary")
@@ -263,8 +265,8 @@ def test_a_store_held_locked_delays_nothing_and_loses_nothing(hook_site: Any) ->
     """The epilog posts, starts a detached deliverer and returns: it never waits on the
     store. While a reader holds the SQLite file locked, the deliverer keeps the summary
     and retries; once the lock goes, the summary arrives, with no new job or command."""
-    hook_site.configure(spool={"dir": str(hook_site.root / "spool" / "%n"), "retry_s": "0.2",
-                               "retry_max_s": "0.2"})
+    hook_site.configure(spool={"dir": str(hook_site.root / "spool" / "%n"), "retry_s": 0.2,
+                               "retry_max_s": 0.2})
     env = hook_site.export(hook_site.env())
     hook_site.store_path.parent.mkdir(parents=True, exist_ok=True)
     SqliteStore(str(hook_site.store_path)).close()  # created, then held
@@ -345,8 +347,8 @@ def test_a_bounded_spool_drops_live_copies_first_then_figures_newest_first(
     assert spool_status(spool).dropped == {"live": 1, "emptied": 1, "dropped": 0}
     assert "dropped 1 live copies, kept 1 final summaries without their figures" in (
         tmp_path / "log").read_text()
-    conf = tmp_path / "gpueff.conf"
-    conf.write_text(f"[spool]\ndir = {spool.root}\n[store]\npath = {tmp_path / 'back.db'}\n")
+    conf = write_config(tmp_path / "gpueff.toml", {"spool": {"dir": spool.root},
+                                                   "store": {"path": str(tmp_path / "back.db")}})
     assert cli_main(["spool", "status", "--config", str(conf)]) == 0
     assert "1 live copies, 1 final summaries kept without their figures, 0 whole" in capsys.readouterr().out
     assert cli_main(["spool", "flush", "--config", str(conf)]) == 0  # the store is back
@@ -387,8 +389,8 @@ def test_flush_where_there_is_no_usable_spool_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     (tmp_path / "not-a-dir").write_text("")
-    config = tmp_path / "gpueff.conf"
-    config.write_text(f"[spool]\ndir = {tmp_path / 'not-a-dir'}/%n\n[store]\npath = {tmp_path / 's.db'}\n")
+    config = write_config(tmp_path / "gpueff.toml", {"spool": {"dir": f"{tmp_path / 'not-a-dir'}/%n"},
+                                                     "store": {"path": str(tmp_path / "s.db")}})
     code = cli_main(["spool", "flush", "--node", "gpu1", "--config", str(config)])
     err = capsys.readouterr().err
     assert code not in (0, 70) and "cannot deliver from" in err and "Traceback" not in err, err

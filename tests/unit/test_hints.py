@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from slurm_gpu_eff import model
-from slurm_gpu_eff.config import parse_ini
+from slurm_gpu_eff.config import parse_config
 from slurm_gpu_eff.errors import ConfigError
 from slurm_gpu_eff.report.hints import (
     RULE_BY_ID,
@@ -515,9 +515,8 @@ def test_rules_are_well_formed_and_documented() -> None:
 
 
 def test_the_documented_example_settings_parse() -> None:
-    example = rules_markdown().split("```ini\n", 1)[1].split("```", 1)[0]
-    raw = {key: value for (section, key), value in parse_ini(example, "docs").items() if section == "hints"}
-    settings = HintSettings.from_config(raw)
+    example = rules_markdown().split("```toml\n", 1)[1].split("```", 1)[0]
+    settings = HintSettings.from_config(parse_config(example, "docs").hints)
     assert settings.disabled == {"short_job", "time_limit"} and settings.params["low_util"]["warn_pct"] == 30
 
 

@@ -216,7 +216,7 @@ def test_a_spool_that_cannot_be_created_is_named_in_the_log(hook_site: Any) -> N
 def test_a_hook_that_hangs_gives_up_at_its_timeout(
     hook_site: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    hook_site.configure(hooks={"timeout_s": "0.3"}, sampler={"stop_wait_s": "0.1"})
+    hook_site.configure(hooks={"timeout_s": 0.3}, sampler={"stop_wait_s": 0.1})
 
     def hang(*args: Any) -> None:
         time.sleep(5)
@@ -249,17 +249,17 @@ def test_a_config_named_in_gpueff_config_that_is_missing_is_logged(
     hook_site: Any, defaults_in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A typo in $GPUEFF_CONFIG must not silently fall back to the defaults."""
-    monkeypatch.setenv("GPUEFF_CONFIG", str(hook_site.root / "absent.conf"))
+    monkeypatch.setenv("GPUEFF_CONFIG", str(hook_site.root / "absent.toml"))
     monkeypatch.setattr(hooks, "start_detached", lambda *a: pytest.fail("sampler started"))
     assert hooks.main(["prolog"], hook_site.export(hook_site.env())) == 0
-    assert f"config file {hook_site.root / 'absent.conf'} does not exist" in defaults_in_tmp.read_text()
+    assert f"config file {hook_site.root / 'absent.toml'} does not exist" in defaults_in_tmp.read_text()
 
 
 def test_no_config_file_at_all_means_defaults(
     hook_site: Any, defaults_in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("GPUEFF_CONFIG", raising=False)
-    monkeypatch.setattr("slurm_gpu_eff.config.DEFAULT_PATH", str(hook_site.root / "absent.conf"))
+    monkeypatch.setattr("slurm_gpu_eff.config.DEFAULT_PATH", str(hook_site.root / "absent.toml"))
     started: list[list[str]] = []
 
     def record(command: list[str], env: object) -> int:  # not a real sampler: real NVML
@@ -278,19 +278,20 @@ def test_no_config_file_at_all_means_defaults(
     ("content", "message"),
     [
         (None, "cannot read config"),  # a directory where the file should be
-        (b"[gpu]\nbackend = sim\xff\n", "cannot read config"),  # not UTF-8
-        (b"backend = sim\n", "line 1: expected 'key = value' under a [section]"),
-        (b"[sampler]\ninterval_s = fast\n", "[sampler] interval_s = 'fast' is not a number"),
-        (b"[sampler]\ninterval_s = inf\n", "[sampler] interval_s must be a number greater than 0"),
-        (b"[sampler]\ncheckpoint_s = nan\n", "[sampler] checkpoint_s must be a number greater than 0"),
-        (b"[gpu]\nbackend = sim\n", "unknown setting [gpu] backend"),  # gone: one NVML path
+        (b'[gpu]\nbackend = "sim\xff"\n', "cannot read config"),  # not UTF-8
+        (b'backend = "sim"\n', "line 1: backend: settings go under a [section]"),
+        (b'[sampler]\ninterval_s = "fast"\n', "line 2: [sampler] interval_s = 'fast': must be a number"),
+        (b"[sampler]\ninterval_s = fast\n", "not valid TOML: "),  # the old INI's unquoted word
+        (b"[sampler]\ninterval_s = inf\n", "[sampler] interval_s = inf: must be a number greater than 0"),
+        (b"[sampler]\ncheckpoint_s = nan\n", "[sampler] checkpoint_s = nan: must be a number greater than 0"),
+        (b'[gpu]\nbackend = "sim"\n', "line 2: [gpu] backend: unknown setting"),  # gone: one NVML path
     ],
 )
 def test_a_broken_config_is_logged_to_the_default_log(
     hook_site: Any, defaults_in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
     content: bytes | None, message: str,
 ) -> None:
-    broken = hook_site.root / "broken.conf"
+    broken = hook_site.root / "broken.toml"
     if content is None:
         broken.mkdir()
     else:
@@ -333,6 +334,29 @@ def test_the_real_shims_run_a_job_through(hook_site: Any) -> None:
     assert (summary.status, [g.minor for g in summary.gpus]) == (COMPLETE, [0, 2])
 
 
+def test_the_shell_prolog_costs_a_job_without_gpus_one_test(hook_site: Any) -> None:
+    """No interpreter, no process, nothing written: sh runs the script and returns."""
+    env = shim_env(hook_site, SLURM_JOB_GPUS="", GPUEFF_PYTHON="/bin/false-not-started")
+    done = subprocess.run(["sh", "-x", str(PROLOG)], env=env, capture_output=True, timeout=30, check=False)
+    assert done.returncode == 0
+    assert done.stderr.decode().splitlines() == ["+ [ -n  ]", "+ exit 0"]  # nothing else ran
+    assert not hook_site.spool_root.exists() and hook_site.log() == ""
+
+
+def test_a_job_ending_as_its_prolog_returns_keeps_its_figures(hook_site: Any) -> None:
+    """The epilog may come before the sampler the shell prolog started has made its spool
+    directory: it waits for it, then stops it as always. Nothing is lost, nothing left."""
+    env = shim_env(hook_site)
+    assert run_shim(PROLOG, env).returncode == 0
+    assert run_shim(EPILOG, env).returncode == 0  # at once: the sampler is still starting
+    (summary,) = hook_site.stored()
+    assert summary.status != MISSING and [g.minor for g in summary.gpus] == [0, 2]
+    assert "still starting: waited for it" in hook_site.log() or "sampler pid" in hook_site.log()
+    assert not any(b"--prolog" in Path(f"/proc/{p}/cmdline").read_bytes() and b"4242" in
+                   Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc")
+                   if p.isdigit() and Path(f"/proc/{p}/cmdline").exists())
+
+
 @pytest.mark.parametrize("shim", [PROLOG, EPILOG], ids=["prolog", "epilog"])
 def test_a_shim_with_no_python_still_exits_0(hook_site: Any, shim: Path) -> None:
     done = run_shim(shim, shim_env(hook_site, GPUEFF_PYTHON="/nonexistent"))
@@ -344,7 +368,7 @@ def test_a_shim_with_no_python_still_exits_0(hook_site: Any, shim: Path) -> None
 def test_a_running_job_has_fresh_figures_in_the_store_without_any_epilog(hook_site: Any) -> None:
     """The sampler sends live copies every live_s: a running job shows its figures so far,
     newer each time, and nothing waits in the spool between copies."""
-    hook_site.configure(sampler={"interval_s": "0.2", "checkpoint_s": "0.5", "live_s": "0.5"})
+    hook_site.configure(sampler={"interval_s": 0.2, "checkpoint_s": 0.5, "live_s": 0.5})
     hook_site.write_state(2, {"util": 60}, started_at=time.time() - 10)
     env = hook_site.export(hook_site.env())
     hooks.main(["prolog"], env)

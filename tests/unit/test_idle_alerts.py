@@ -24,6 +24,7 @@ from slurm_gpu_eff.node.sampler import GpuStats, Sampler
 from slurm_gpu_eff.slurm import RunningJob, mail_user, running_job
 from slurm_gpu_eff.store import open_store
 from slurm_gpu_eff.store.base import Store
+from tests.configfile import write_config
 
 Factory = Callable[..., model.NodeSummary]
 NOW = 1_790_000_000.0
@@ -359,9 +360,11 @@ def test_the_service_pass_never_raises(tmp_path: Path, caplog: pytest.LogCapture
 
 
 def test_the_policy_keys_in_the_config_file(tmp_path: Path) -> None:
-    path = tmp_path / "gpueff.conf"
-    path.write_text("[mail]\nidle_alert_min = 30\nidle_cancel_min = 0\nidle_exempt_users = bob,carol\n"
-                    "idle_interactive = yes\n[slurm]\nscancel = /usr/bin/scancel\n")
+    path = write_config(tmp_path / "gpueff.toml", {
+        "mail": {"idle_alert_min": 30, "idle_cancel_min": 0, "idle_exempt_users": "bob,carol",
+                 "idle_interactive": True},
+        "slurm": {"scancel": "/usr/bin/scancel"},
+    })
     config = load_config(str(path))
     assert (config.idle_alert_min, config.idle_cancel_min, config.idle_interactive) == (30, 0, True)
     assert idle.Policy.from_config(config).users == {"bob", "carol"}

@@ -156,14 +156,15 @@ def test_hot_path_imports_stay_light(module: str) -> None:
 def test_all_hot_paths_together_and_a_gpu_session_stay_light(tmp_path: Path) -> None:
     """The sampler's whole GPU path, the real pynvml over the stand-in library included."""
     from tests import standin
+    from tests.configfile import write_config
 
     devices = tmp_path / "devices.json"
     devices.write_text('{"n": [{"minor": 0, "uuid": "GPU-0"}]}')
-    (tmp_path / "gpueff.conf").write_text(
-        f"[gpu]\nlibrary = {standin.library_path()}\n[sim]\ndevices = {devices}\nstate_dir = {tmp_path}\n")
+    write_config(tmp_path / "gpueff.toml", {"gpu": {"library": standin.library_path()},
+                                            "sim": {"devices": str(devices), "state_dir": str(tmp_path)}})
     code = (
         "import os\n"
-        f"os.environ.update(GPUEFF_CONFIG={str(tmp_path / 'gpueff.conf')!r}, SLURMD_NODENAME='n')\n"
+        f"os.environ.update(GPUEFF_CONFIG={str(tmp_path / 'gpueff.toml')!r}, SLURMD_NODENAME='n')\n"
         "import slurm_gpu_eff.node.hooks, slurm_gpu_eff.node.sampler, slurm_gpu_eff.node.gpu\n"
         "from slurm_gpu_eff.config import load_config\n"
         "from slurm_gpu_eff.node.gpu import GpuSession\n"

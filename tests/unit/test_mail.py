@@ -21,6 +21,7 @@ from slurm_gpu_eff.mail.message import header_safe, outcome, plain_notice, recip
 from slurm_gpu_eff.mail.notice import Notice, parse_args, read_notice
 from slurm_gpu_eff.mail.outbox import MailError, Outbox, Smtp
 from slurm_gpu_eff.report.job import build_report
+from tests.configfile import write_config
 from tests.smtp import Inbox, Server, free_port
 
 HOSTILE = "x\nBcc: victim@example.org <b>"
@@ -377,8 +378,8 @@ def test_mailprog_to_a_real_smtp_server_down_then_up(config: Config, smtp_port: 
 def test_a_broken_config_hands_slurm_s_notice_to_mail(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """No settings to send with: Slurm's own way (mail -s SUBJECT RCPT), not nothing."""
-    bad = tmp_path / "gpueff.conf"
-    bad.write_text("[mail]\nsmtp_port = many\n")
+    bad = tmp_path / "gpueff.toml"
+    bad.write_text('[mail]\nsmtp_port = "many"\n')
     monkeypatch.setenv("GPUEFF_CONFIG", str(bad))
     calls: list[list[str]] = []
     monkeypatch.setattr(prog.os, "access", lambda path, mode: path == "/usr/bin/mail")
@@ -398,9 +399,10 @@ def test_gpueff_mail_returns_to_slurm_at_once_and_its_worker_holds_nothing_of_sl
     import subprocess
     import sys
 
-    conf = tmp_path / "gpueff.conf"
-    conf.write_text(f"[mail]\nenabled = false\nsmtp_host = 127.0.0.1\nsmtp_port = {free_port()}\n"
-                    f"spool_dir = {tmp_path / 'spool'}\nlog_file = {tmp_path / 'mail.log'}\nretry_s = 30\n")
+    conf = write_config(tmp_path / "gpueff.toml", {"mail": {
+        "enabled": False, "smtp_host": "127.0.0.1", "smtp_port": free_port(),
+        "spool_dir": str(tmp_path / "spool"), "log_file": str(tmp_path / "mail.log"), "retry_s": 30,
+    }})
     program = Path(sys.executable).parent / "gpueff-mail"
     started = time.monotonic()
     proc = subprocess.Popen([str(program), "-s", END_SUBJECT, "alice"], stdout=subprocess.PIPE,

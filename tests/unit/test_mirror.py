@@ -316,10 +316,11 @@ def test_a_mirror_that_fails_is_logged_and_costs_the_store_nothing(
 
 def test_admin_comment_is_a_true_or_false_setting_on_by_default(tmp_path: Path) -> None:
     assert Config().admin_comment is True  # the users' read path
-    conf = tmp_path / "gpueff.conf"
-    conf.write_text("[slurm]\nadmin_comment = no\nsacctmgr = /opt/slurm/bin/sacctmgr\n")
+    conf = tmp_path / "gpueff.toml"
+    conf.write_text('[slurm]\nadmin_comment = false\nsacctmgr = "/opt/slurm/bin/sacctmgr"\n')
     config = load_config(str(conf))
     assert config.admin_comment is False and config.sacctmgr == "/opt/slurm/bin/sacctmgr"
-    conf.write_text("[slurm]\nadmin_comment = maybe\n")
-    with pytest.raises(ConfigError, match="admin_comment = 'maybe': say true or false"):
+    conf.write_text('[slurm]\nadmin_comment = "maybe"\n')
+    with pytest.raises(ConfigError,
+                       match=r"line 2: \[slurm\] admin_comment = 'maybe': must be true or false"):
         load_config(str(conf))

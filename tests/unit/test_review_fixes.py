@@ -30,11 +30,11 @@ def summary(status: str, until: float) -> NodeSummary:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("[hooks]\ntimeout_s = 1e12\n", "timeout_s must be at most 18"),
-    ("[hooks]\ntimeout_s = inf\n", "timeout_s must be a number greater than 0"),
+    ("[hooks]\ntimeout_s = inf\n", "timeout_s = inf: must be a number greater than 0"),
     ("[hooks]\ntimeout_s = 4\n[sampler]\nstop_wait_s = 5\n", "stop_wait_s must be under"),
 ])
 def test_hook_time_bounds_that_cannot_work_are_refused(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "gpueff.conf"
+    path = tmp_path / "gpueff.toml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(str(path))

@@ -34,6 +34,7 @@ from slurm_gpu_eff.slurm import (
     parse_tres,
     requested_memory,
 )
+from tests.configfile import write_config
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sacct"
@@ -496,8 +497,8 @@ def test_gpueff_reports_with_sacct_started_before_the_store_is_read(
     started = time.mktime(time.strptime("2026-11-20T10:00:00", "%Y-%m-%dT%H:%M:%S"))  # its Start
     with open_store(f"sqlite://{store}") as opened:
         opened.put(make_summary(node="gpu2", utils=(90.0, 10.0), run_started_at=started + 1))
-    config = tmp_path / "gpueff.conf"
-    config.write_text(f"[store]\npath = {store}\n[slurm]\nsacct = {script}\n")
+    config = write_config(tmp_path / "gpueff.toml", {"store": {"path": str(store)},
+                                                     "slurm": {"sacct": str(script)}})
     assert main(["4242", "--json", "--config", str(config)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["job_id"] == "4242" and len(report["gpus"]) == 2
@@ -510,8 +511,8 @@ def test_an_unknown_job_is_said_before_a_missing_store(
     from slurm_gpu_eff.errors import JobNotFound, NoSummary
 
     script = fake_sacct(tmp_path, "exit 0\n")  # sacct knows no such job
-    config = tmp_path / "gpueff.conf"
-    config.write_text(f"[store]\npath = {tmp_path / 'absent.db'}\n[slurm]\nsacct = {script}\n")
+    config = write_config(tmp_path / "gpueff.toml", {"store": {"path": str(tmp_path / "absent.db")},
+                                                     "slurm": {"sacct": str(script)}})
     assert main(["999", "--config", str(config)]) == JobNotFound.exit_code
     assert "job 999 is not in Slurm's accounting" in capsys.readouterr().err
     fake_sacct(tmp_path, f"{TRES_4242}emit {FIXTURES / 'completed_2gpu.txt'}\n")  # now it does

@@ -30,6 +30,7 @@ import pynvml
 import pytest
 
 from tests import standin
+from tests.configfile import toml
 from tests.unit.conftest import SIM_DEVICES, SimNode
 
 GIB = 1024**3
@@ -76,11 +77,12 @@ class Node(SimNode):
     def __init__(self, root: Path, lib: ctypes.CDLL) -> None:
         super().__init__(root, lib)
         self.root = root
-        self.config_file = root / "gpueff.conf"
+        self.config_file = root / "gpueff.toml"
 
     def write_config(self, text: str | None = None) -> None:
         if text is None:
-            text = f"[gpu]\nlibrary = x\n[sim]\ndevices = {self.devices_file}\nstate_dir = {self.state_dir}\n"
+            text = toml({"gpu": {"library": "x"},
+                         "sim": {"devices": str(self.devices_file), "state_dir": str(self.state_dir)}})
         self.config_file.write_text(text, encoding="utf-8")
 
     def state_path(self, key: int | str) -> Path:
@@ -187,7 +189,8 @@ def test_a_handle_must_be_a_device(node: Node) -> None:
 
 
 def test_missing_devices_file_is_driver_not_loaded(node: Node) -> None:
-    node.write_config(f"[sim]\ndevices = {node.root / 'absent.json'}\nstate_dir = {node.state_dir}\n")
+    node.write_config(toml({"sim": {"devices": str(node.root / "absent.json"),
+                                    "state_dir": str(node.state_dir)}}))
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
         pynvml.nvmlInit()
 
@@ -231,7 +234,7 @@ def test_every_init_reads_the_settings_afresh(node: Node, monkeypatch: pytest.Mo
     monkeypatch.setenv("SLURMD_NODENAME", "gpu2")
     pynvml.nvmlInit()  # the refcount is 2 now
     assert pynvml.nvmlDeviceGetCount() == 1
-    monkeypatch.setenv("GPUEFF_CONFIG", str(node.root / "absent.conf"))
+    monkeypatch.setenv("GPUEFF_CONFIG", str(node.root / "absent.toml"))
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
         pynvml.nvmlInit()
     assert pynvml.nvmlDeviceGetCount() == 1
@@ -576,13 +579,13 @@ def test_header_constants_the_library_uses_match_pynvml() -> None:
 # --- configuration -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("config", [
-    "[gpu]\nlibrary = x\n",  # no [sim]
-    "[sim]\nstate_dir = {state}\n",  # no devices
-    "[sim]\ndevices = {devices}\n",  # no state_dir
-    "[sim]\ndevices = {devices}\nstate_dir = {state}\ntime_scale = fast\n",
-    "[sim]\ndevices = {devices}\nstate_dir = {state}\ntime_scale = 0\n",
-    "[sim]\ndevices = {devices}\nstate_dir = {state}\ntime_scale = -2\n",
-    "[other]\ndevices = {devices}\nstate_dir = {state}\n",
+    '[gpu]\nlibrary = "x"\n',  # no [sim]
+    '[sim]\nstate_dir = "{state}"\n',  # no devices
+    '[sim]\ndevices = "{devices}"\n',  # no state_dir
+    '[sim]\ndevices = "{devices}"\nstate_dir = "{state}"\ntime_scale = "fast"\n',
+    '[sim]\ndevices = "{devices}"\nstate_dir = "{state}"\ntime_scale = 0\n',
+    '[sim]\ndevices = "{devices}"\nstate_dir = "{state}"\ntime_scale = -2\n',
+    '[other]\ndevices = "{devices}"\nstate_dir = "{state}"\n',
 ])
 def test_an_incomplete_config_is_driver_not_loaded(node: Node, config: str) -> None:
     node.write_config(config.format(devices=node.devices_file, state=node.state_dir))
@@ -591,18 +594,18 @@ def test_an_incomplete_config_is_driver_not_loaded(node: Node, config: str) -> N
 
 
 def test_config_keys_and_sections_are_case_insensitive_with_comments(node: Node) -> None:
-    node.write_config(f"# site config\n; another comment\n[GPU]\nlibrary = x\n[ Sim ]\n"
-                      f"  DEVICES = {node.devices_file}  \nState_Dir={node.state_dir}\n"
-                      f"[hooks]\ndevices = /nonexistent\n")
+    node.write_config(f'# site config\n# another comment\n[GPU]\nlibrary = "x"\n[ Sim ]\n'
+                      f'  DEVICES = "{node.devices_file}"  \nState_Dir="{node.state_dir}"\n'
+                      f'[hooks]\ndevices = "/nonexistent"\n')
     pynvml.nvmlInit()
     assert pynvml.nvmlDeviceGetCount() == 4
 
 
 def test_no_config_file_is_driver_not_loaded(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUEFF_CONFIG", str(node.root / "absent.conf"))
+    monkeypatch.setenv("GPUEFF_CONFIG", str(node.root / "absent.toml"))
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
         pynvml.nvmlInit()
-    if not os.path.exists("/etc/slurm-gpu-eff/gpueff.conf"):
+    if not os.path.exists("/etc/slurm-gpu-eff/gpueff.toml"):
         monkeypatch.delenv("GPUEFF_CONFIG")  # the default path, absent here
         with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
             pynvml.nvmlInit()
@@ -668,8 +671,8 @@ def test_the_real_clock_runs_time_scale_times_faster_since_boot(node: Node) -> N
     boot = time.time() - 10.0
     node.write_devices({"gpu1": SIM_DEVICES})
     os.utime(node.devices_file, (boot, boot))
-    node.write_config(f"[sim]\ndevices = {node.devices_file}\nstate_dir = {node.state_dir}\n"
-                      f"time_scale = 1000\n")
+    node.write_config(toml({"sim": {"devices": str(node.devices_file), "state_dir": str(node.state_dir),
+                                    "time_scale": 1000}}))
     standin.set_clock(node.lib, None)
     pynvml.nvmlInit()
     # 60 W idle since boot: the counter tells the simulated time since boot

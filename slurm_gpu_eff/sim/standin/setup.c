@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define DEFAULT_CONFIG "/etc/slurm-gpu-eff/gpueff.conf"
+#define DEFAULT_CONFIG "/etc/slurm-gpu-eff/gpueff.toml"
 #define MAX_CONFIG_BYTES (1 << 20)
 #define MAX_DEVICES_BYTES (4 << 20)
 
@@ -60,8 +60,26 @@ static void copy_setting(char *to, size_t size, const char *value)
     snprintf(to, size, "%s", value);
 }
 
-/* One line of the INI file: a [section] header or key = value under [sim] (the same
- * reading as the package's config.parse_ini; other sections are not ours). */
+/* A TOML value as far as [sim] needs one: a basic string "..." (with its \" and \\
+ * escapes), or a bare number, a # comment after it not part of it. */
+static char *toml_value(char *value)
+{
+    if (value[0] == '"') {
+        char *out = value, *in = value + 1;
+        while (*in != '\0' && *in != '"') {
+            if (*in == '\\' && in[1] != '\0')
+                in++;
+            *out++ = *in++;
+        }
+        *out = '\0';
+        return value;
+    }
+    value[strcspn(value, "#")] = '\0';
+    return trim(value);
+}
+
+/* One line of the TOML file: a [section] header or key = value under [sim] (what the
+ * package's config module reads there; other sections are not ours). */
 static void settings_line(char *line, char *section, size_t section_size, struct settings *out)
 {
     line = trim(line);
@@ -78,7 +96,7 @@ static void settings_line(char *line, char *section, size_t section_size, struct
     if (equals == NULL || strcmp(section, "sim") != 0)
         return;
     *equals = '\0';
-    char *key = trim(line), *value = trim(equals + 1);
+    char *key = trim(line), *value = toml_value(trim(equals + 1));
     lower(key);
     if (strcmp(key, "devices") == 0)
         copy_setting(out->devices, sizeof out->devices, value);

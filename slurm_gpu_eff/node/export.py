@@ -1,0 +1,81 @@
+"""A running job's live figures for Prometheus, through node_exporter's textfile
+collector (`[export] textfile_dir`, off when empty): one file a job, written whole and
+renamed every sampler interval, removed when the job ends. OpenMetrics text (its `# EOF`
+is a comment to node_exporter's Prometheus parser). Standard library only: the sampler
+runs it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Protocol
+
+# (metric, help, type, unit): what each GPU's line says
+METRICS = (
+    ("gpueff_gpu_utilization_ratio", "GPU utilisation at the last poll, 0 to 1", "gauge", "ratio"),
+    ("gpueff_gpu_sm_active_ratio", "SM activity at the last poll (GPM, Hopper and newer), 0 to 1",
+     "gauge", "ratio"),
+    ("gpueff_gpu_memory_used_bytes", "GPU memory used at the last poll", "gauge", "bytes"),
+    ("gpueff_gpu_power_watts", "GPU power draw at the last poll", "gauge", "watts"),
+    ("gpueff_gpu_energy_joules", "GPU energy since the job's sampler started", "counter", "joules"),
+    ("gpueff_gpu_idle_seconds", "How long the GPU has been under 5% utilisation without a break "
+     "(0: busy)", "gauge", "seconds"),
+)
+
+
+class Figures(Protocol):
+    """One GPU's live figures (node/sampler.GpuStats gives them)."""
+
+    def live(self) -> dict[str, float | None]: ...
+
+    def labels(self) -> dict[str, str]: ...
+
+
+def path_for(directory: str, job_id: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in job_id)
+    return os.path.join(directory, f"gpueff-job-{safe}.prom")
+
+
+def text(gpus: Iterable[Figures]) -> str:
+    gpus = list(gpus)
+    lines = []
+    for name, help_text, kind, unit in METRICS:
+        lines += [f"# TYPE {name} {kind}", f"# UNIT {name} {unit}", f"# HELP {name} {help_text}"]
+        sample = f"{name}_total" if kind == "counter" else name
+        for gpu in gpus:
+            value = gpu.live().get(name)
+            if value is not None:
+                lines.append(f"{sample}{{{_labels(gpu.labels())}}} {float(value)!r}")
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def write(directory: str, job_id: str, gpus: Iterable[Figures]) -> None:
+    """The job's file, whole: written under another name, then renamed over the last."""
+    path = path_for(directory, job_id)
+    part = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # the collector reads it
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text(gpus))
+        os.replace(part, path)
+    except BaseException:
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        raise
+
+
+def remove(directory: str, job_id: str) -> None:
+    try:
+        os.unlink(path_for(directory, job_id))
+    except FileNotFoundError:
+        pass
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,101 @@
+"""The Prometheus export (issue 12): a running job's live figures from the real sampler
+over the stand-in NVML, written for node_exporter's textfile collector and parsed with
+prometheus_client's own OpenMetrics parser; hostile label values; the file written whole
+and gone when the job ends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from slurm_gpu_eff.config import Config
+from slurm_gpu_eff.node import export
+from slurm_gpu_eff.node.jobenv import JobContext
+from slurm_gpu_eff.node.log import HookLog
+from slurm_gpu_eff.node.sampler import Sampler, export_live, unexport
+
+from .conftest import BOOT
+
+
+def families(text: str) -> dict[str, Any]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_a_running_job_s_figures_parse_as_openmetrics(sim_node: Any, tmp_path: Path) -> None:
+    busy = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 75, "mem_used_gib": 12, "power_w": 420}}}]}
+    sim_node.write_state(0, busy, started_at=BOOT + 950.0)
+    idle = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 0}}}]}
+    sim_node.write_state(2, idle, started_at=BOOT + 950.0)
+    session = sim_node.session()
+    job = JobContext(job_id="4242", node="gpu1", user='al"ice\\', account="phys\nics")
+    config = Config(export_dir=str(tmp_path / "textfile"))
+    (tmp_path / "textfile").mkdir()
+    sampler = Sampler(job, config, session.bind([0, 2]), clock=session.clock)
+    for t in (1001.0, 1002.0, 1003.0):
+        sim_node.now = BOOT + t
+        sampler.sample_once()
+    log = HookLog(str(tmp_path / "log"), "4242", "sampler")
+    export_live(sampler, log)
+    path = Path(export.path_for(config.export_dir, "4242"))
+    text = path.read_text()
+    assert text.endswith("# EOF\n") and oct(path.stat().st_mode & 0o777) == "0o644"
+    found = families(text)
+    util = {s.labels["minor"]: s.value for s in found["gpueff_gpu_utilization_ratio"].samples}
+    assert util == {"0": 0.75, "2": 0.0}
+    labels = found["gpueff_gpu_utilization_ratio"].samples[0].labels
+    assert labels == {"job_id": "4242", "user": 'al"ice\\', "account": "phys\nics", "node": "gpu1",
+                      "minor": "0", "uuid": "GPU-00000000-0000-0000-0000-000000000000"}
+    memory = {s.labels["minor"]: s.value for s in found["gpueff_gpu_memory_used_bytes"].samples}
+    assert memory["0"] == 12 * 1024**3
+    power = {s.labels["minor"]: s.value for s in found["gpueff_gpu_power_watts"].samples}
+    assert power["0"] == 420.0
+    energy = found["gpueff_gpu_energy_joules"]
+    assert energy.type == "counter" and energy.samples[0].name == "gpueff_gpu_energy_joules_total"
+    assert all(s.value > 0 for s in energy.samples)
+    idle = {s.labels["minor"]: s.value for s in found["gpueff_gpu_idle_seconds"].samples}
+    assert idle == {"0": 0.0, "2": 2.0}  # GPU 2 idle since the first poll's second
+    assert "gpueff_gpu_sm_active_ratio" in found and found["gpueff_gpu_sm_active_ratio"].unit == "ratio"
+    unexport(config, "4242")
+    assert not path.exists()
+    assert [p.name for p in (tmp_path / "textfile").iterdir()] == []  # no part file left either
+
+
+def test_an_export_that_cannot_be_written_is_logged_once(tmp_path: Path) -> None:
+    class Fake:
+        config = Config(export_dir=str(tmp_path / "absent"))
+        job = JobContext(job_id="1", node="n")
+        gpus: list[Any] = []
+        export_failed = False
+
+    log_path, sampler = tmp_path / "log", Fake()
+    for _ in range(3):
+        export_live(sampler, HookLog(str(log_path), "1", "sampler"))  # type: ignore[arg-type]
+    assert log_path.read_text().count("Prometheus export to") == 1
+
+
+def test_without_a_directory_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(export, "write", lambda *a: pytest.fail("written"))
+
+    class Fake:
+        config = Config()
+        job = JobContext(job_id="1", node="n")
+        gpus: list[Any] = []
+        export_failed = False
+    export_live(Fake(), HookLog(str(tmp_path / "log"), "1", "sampler"))  # type: ignore[arg-type]
+    assert os.listdir(tmp_path) == []  # not even a log line
+
+
+def test_the_grafana_dashboard_asks_only_for_what_is_exported() -> None:
+    import json
+    import re
+
+    path = Path(__file__).resolve().parents[2] / "etc" / "grafana-dashboard.json"
+    dashboard = json.loads(path.read_text())
+    asked = {name for panel in dashboard["panels"] for target in panel["targets"]
+             for name in re.findall(r"gpueff_\w+", target["expr"])}
+    exported = {name + ("_total" if kind == "counter" else "") for name, _, kind, _ in export.METRICS}
+    assert asked and asked <= exported, asked - exported
