@@ -127,6 +127,7 @@ def _gres(config: Config, node: str) -> list[list[str]] | None:
 
 
 def _nvml(config: Config, files: list[list[str]]) -> Check:
+    from .node.binding import char_minor
     from .node.gpu import inventory
 
     try:
@@ -139,7 +140,7 @@ def _nvml(config: Config, files: list[list[str]]) -> Check:
         f"minor {g['minor']} {g['name']}: persistence {_word(g['persistence'])}, GPM {_word(g['gpm'])}"
         for g in gpus)
     found = {int(g["minor"]) for g in gpus if g["minor"] is not None}
-    wanted = {m for m in (_minor(f[0]) for f in files if not any("nvidia-caps" in p for p in f))
+    wanted = {m for m in (char_minor(f[0]) for f in files if not any("nvidia-caps" in p for p in f))
               if m is not None}
     if not wanted <= found:
         return Check("nvml", False, f"driver {driver}: slurmd's GPUs (minors {sorted(wanted)}) are not all "
@@ -150,14 +151,6 @@ def _nvml(config: Config, files: list[list[str]]) -> Check:
 
 def _word(flag: bool | None) -> str:
     return "unknown" if flag is None else ("on" if flag else "off")
-
-
-def _minor(path: str) -> int | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return os.minor(info.st_rdev) if stat.S_ISCHR(info.st_mode) else None
 
 
 def _devices(files: list[list[str]]) -> Check:

@@ -17,13 +17,10 @@ was cancelled and why.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Any, Protocol
@@ -34,7 +31,7 @@ from ..report.render import render_idle
 from ..slurm import RunningJob, cancel_job, running_job
 from ..store.base import Store
 from .message import new_message, recipients, sender
-from .outbox import Outbox, write_whole
+from .outbox import Outbox, held_alone, write_whole
 
 log = logging.getLogger("gpueff.mail")
 KEEP_S = 30 * 86400  # a job run's record: long enough for any job to end and be mailed
@@ -204,19 +201,9 @@ class Ledger:
                 if path.stat().st_mtime < before:
                     path.unlink()
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[bool]:
+    def turn(self) -> contextlib.AbstractContextManager[bool]:
         """One checker at a time (a --watch service and a hand-run --idle-check)."""
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+        return held_alone(self.root / ".lock")
 
 
 # -- one pass ------------------------------------------------------------------------------------

@@ -225,20 +225,10 @@ class Outbox:
     def _reported(self, key: str) -> Path:
         return self.reported / "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
 
-    @contextlib.contextmanager
-    def retrier(self) -> Iterator[bool]:
+    def retrier(self) -> contextlib.AbstractContextManager[bool]:
         """Held by the one process that waits to try the outbox again (True), so that a
         mail server away for a day leaves one sleeping process, not one per message."""
-        fd = os.open(self.root / "retrier.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+        return held_alone(self.root / "retrier.lock")
 
     @contextlib.contextmanager
     def _locked(self, name: str) -> Iterator[bool]:
@@ -257,6 +247,22 @@ class Outbox:
             yield True
         finally:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def held_alone(lock: Path) -> Iterator[bool]:
+    """True while this process holds `lock` (an exclusive flock); False, at once, when
+    another does."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
 
 def write_whole(path: Path, data: bytes) -> Path:

@@ -32,11 +32,11 @@ def gres_gpu_minors(
         caps = [path for path in files if "nvidia-caps" in path]
         if caps:  # one MIG slice: its parent's file and its capabilities, one position
             table = mig_table(mig_minors) if table is None else table
-            slot = next((table[m] for m in map(_char_minor, caps) if m in table), None)
+            slot = next((table[m] for m in map(char_minor, caps) if m in table), None)
             if slot is not None:
                 minors[position] = slot
             continue
-        minor = _char_minor(files[0])
+        minor = char_minor(files[0])
         if minor is not None:
             minors[position] = minor
     return minors
@@ -66,7 +66,7 @@ def gres_gpu_files(node: str, slurmd: str = "slurmd") -> list[list[str]] | None:
     return positions
 
 
-def _char_minor(path: str) -> int | None:
+def char_minor(path: str) -> int | None:
     try:
         info = os.stat(path)
     except OSError:

@@ -32,6 +32,7 @@ from scripts.demo import cluster_env
 from slurm_gpu_eff.config import Config, load_config
 from tests import pg
 from tests.configfile import value
+from tests.smtp import Server
 
 REPO = Path(__file__).resolve().parents[2]
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -304,3 +305,15 @@ def store_site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[pg.St
         fail_or_skip(why)
     with pg.PgServer() as server:
         yield pg.StoreSite.postgresql(server)
+
+
+SMTP_PORT = 8025  # the development cluster's [mail] smtp_port
+
+
+@pytest.fixture(scope="module")
+def smtp() -> Iterator[Server]:
+    """A real SMTP server where the cluster's mail goes, for one test module."""
+    server = Server(SMTP_PORT)
+    server.start()
+    yield server
+    server.stop()

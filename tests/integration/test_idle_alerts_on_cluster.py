@@ -17,19 +17,10 @@ from tests.smtp import Server
 from .conftest import Cluster, with_settings
 
 pytestmark = [pytest.mark.cluster]
-PORT = 8025
 DOMAIN = "gpueffdev.invalid"
 ALERT_S = 15.0  # idle_alert_min = 0.25
 CANCEL_S = 15.0  # idle_cancel_min = 0.25
 BUSY_S = 4
-
-
-@pytest.fixture(scope="module")
-def smtp() -> Iterator[Server]:
-    server = Server(PORT)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

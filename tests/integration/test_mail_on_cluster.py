@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,17 +14,8 @@ from tests.smtp import Server
 from .conftest import Cluster
 
 pytestmark = [pytest.mark.cluster]
-PORT = 8025
 DOMAIN = "gpueffdev.invalid"
 HOSTILE = "x\nBcc: victim@example.org <b>"
-
-
-@pytest.fixture(scope="module")
-def smtp() -> Iterator[Server]:
-    server = Server(PORT)
-    server.start()
-    yield server
-    server.stop()
 
 
 def lines(text: str, head: str) -> list[str]:

@@ -23,7 +23,6 @@ from tests.smtp import Server
 from .conftest import REPO, Cluster
 
 pytestmark = [pytest.mark.cluster]
-PORT = 8025
 HOOKS = {"prolog": "gpueff-prolog", "epilog": "gpueff-epilog", "mailprog": "gpueff-mail"}
 
 
@@ -69,14 +68,6 @@ def _target(wrapper: str) -> str:
     """The program a wrapper of cluster.sh's execs (its last `exec PATH "$@"` line)."""
     line = [line for line in wrapper.splitlines() if line.startswith("exec ")][-1]
     return shlex.split(line)[1]
-
-
-@pytest.fixture(scope="module")
-def smtp() -> Iterator[Server]:
-    server = Server(PORT)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_a_gpu_job_through_the_site_install(cluster: Cluster, installed: Path, smtp: Server) -> None:
