@@ -277,6 +277,9 @@ _CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none
 
 # Settings where "" says something (no opt-out word); elsewhere "" is the default.
 _EMPTY_MEANS = {"idle_opt_out_word"}
+# Lists of names: a TOML array, or one comma-separated string.
+_LISTS = {"idle_exempt_users", "idle_exempt_accounts"}
+OLD_PATH = "/etc/slurm-gpu-eff/gpueff.conf"  # the INI file of versions before TOML
 
 
 def effective(config: Config) -> dict[str, dict[str, object]]:
@@ -310,6 +313,9 @@ def load_config(path: str | None = None) -> Config:
     except FileNotFoundError as exc:
         if explicit:  # a typo in a path someone gave must not fall back to defaults
             raise ConfigError(f"config file {path} does not exist") from exc
+        if os.path.exists(OLD_PATH):  # an upgrade must not fall back to defaults either
+            raise ConfigError(f"{OLD_PATH} is the old INI form: write it as {path} (TOML: strings "
+                              "in quotes; etc/gpueff.toml.example)") from exc
         return Config(path=None)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
@@ -333,10 +339,12 @@ def parse_config(text: str, path: str) -> Config:
             if (section, key) not in known:
                 raise ConfigError(f"{where}: unknown setting")
             name, kind = known[(section, key)]
+            if name in _LISTS and isinstance(value, list) and all(isinstance(v, str) for v in value):
+                value = ", ".join(value)  # a TOML array of names, or one comma-separated string
             checked = _typed(value, kind, where)
             if checked == "" and name not in _EMPTY_MEANS:
                 continue
-            _check_range(name, kind, checked, where)
+            _check_range(name, kind, checked, f"{where} = {value!r}")
             values[name] = checked
     config = Config(path, hints=hints, **values)  # type: ignore[arg-type]
     # The shims kill a hook at 20 s; the epilog must still have time to post after waiting.
@@ -383,16 +391,17 @@ def _typed(value: object, kind: type, where: str) -> object:
     raise ConfigError(f"{where} = {value!r}: must be {_NAMES[kind]}")
 
 
-def _check_range(name: str, kind: type, value: object, where: str) -> None:
+def _check_range(name: str, kind: type, value: object, said: str) -> None:
+    """`said`: 'FILE, line N: [section] key = VALUE' as the file wrote it."""
     if kind is float:
         number = float(value)  # type: ignore[arg-type]
         if not (0 <= number < math.inf if name in _ZERO_MEANS else 0 < number < math.inf):
-            raise ConfigError(f"{where} = {value!r}: must be a number greater than 0"
+            raise ConfigError(f"{said}: must be a number greater than 0"
                               + (" (or 0)" if name in _ZERO_MEANS else ""))
     if kind is int and int(value) < 0:  # type: ignore[call-overload]
-        raise ConfigError(f"{where} = {value!r}: must not be negative")
+        raise ConfigError(f"{said}: must not be negative")
     if name in _CHOICES and value not in _CHOICES[name]:
-        raise ConfigError(f"{where} = {value!r}: say {' or '.join(_CHOICES[name])}")
+        raise ConfigError(f"{said}: say {' or '.join(_CHOICES[name])}")
 
 
 def _where(path: str, text: str, section: str, key: str) -> str:

@@ -4,6 +4,7 @@ login node: what does not apply to the host is skipped, and says so."""
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import stat
@@ -100,11 +101,13 @@ def _hook(slurm: dict[str, str], key: str, name: str) -> Check:
            "then `scontrol reconfigure`")
     if value in ("", "(null)"):
         return Check(key, False, f"slurm.conf has no {key} line", fix)
-    path = value.split()[0]
-    if not os.access(path, os.X_OK):
-        return Check(key, False, f"{key}={value}: not an executable file here", fix)
-    if os.path.basename(path) != name and not _mentions(path, name):
+    # Prolog and Epilog may be comma-separated lists, each entry a glob (prolog.d/*)
+    paths = [p for entry in value.split(",") for p in (glob.glob(entry.strip()) or [entry.strip()])]
+    ours = [p for p in paths if os.path.basename(p) == name or _mentions(p, name)]
+    if not ours:
         return Check(key, False, f"{key}={value} does not run {name}", fix)
+    if not all(os.access(p, os.X_OK) for p in ours):
+        return Check(key, False, f"{key}={value}: {ours[0]} is not an executable file here", fix)
     return Check(key, True, f"{key}={value}")
 
 

@@ -10,6 +10,7 @@ holding a newline is stitched back together by counting real delimiters.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -120,11 +121,9 @@ class RunningJob:
     run_time: str
     nodes: str
     tres: str  # what it holds, as Slurm writes it: cpu=4,mem=8G,node=1,gres/gpu=2
-    mail_user: str = ""  # its --mail-user ("" when it gave none)
 
 
-# squeue's names for RunningJob's fields, in order. The only fields squeue cannot give
-# are the mail user's (scontrol's, below).
+# squeue's names for RunningJob's fields, in order.
 _SQUEUE_FIELDS = (
     ("JobID", "job_id"), ("Name", "name"), ("UserName", "user"), ("Account", "account"),
     ("Partition", "partition"), ("State", "state"), ("BatchFlag", "batch"), ("Comment", "comment"),
@@ -132,7 +131,7 @@ _SQUEUE_FIELDS = (
 )
 
 
-def running_job(job_id: str, squeue: str = "squeue", scontrol: str = "scontrol") -> RunningJob | None:
+def running_job(job_id: str, squeue: str = "squeue") -> RunningJob | None:
     """The job while slurmctld holds it; None once it is gone. Each field ends with a
     fresh delimiter, so no name or comment can forge another field (as with sacct)."""
     job_id = check_job_id(job_id)
@@ -154,23 +153,7 @@ def running_job(job_id: str, squeue: str = "squeue", scontrol: str = "scontrol")
     fields = {key: (value if key in ("name", "comment") else value.strip()) for key, value in fields.items()}
     if fields["comment"] == "(null)":
         fields["comment"] = ""
-    return RunningJob(**{**fields, "batch": fields["batch"] == "1"},  # type: ignore[arg-type]
-                      mail_user=mail_user(job_id, scontrol))
-
-
-def mail_user(job_id: str, scontrol: str = "scontrol") -> str:
-    """The job's --mail-user as slurmctld holds it ("" when none was given). squeue has no
-    field for it; in `scontrol show job -o` it comes after every field a user writes
-    freely (name, comment, paths), so its last occurrence is slurmctld's own."""
-    done = _run_slurm([scontrol, "show", "job", "-o", check_job_id(job_id)], 30)
-    if done.returncode != 0:
-        return ""
-    line = done.stdout.decode("utf-8", "replace")
-    at = line.rfind(" MailUser=")
-    if at < 0:
-        return ""
-    value = line[at + len(" MailUser="):].split(" ", 1)[0].strip()
-    return "" if value in ("", "(null)") else value
+    return RunningJob(**{**fields, "batch": fields["batch"] == "1"})  # type: ignore[arg-type]
 
 
 def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
@@ -196,7 +179,8 @@ def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
     if done.returncode != 0:
         raise SlurmError(f"scancel {job_id} failed: {_said(done)}")
     sleep(CANCEL_RECHECK_S)
-    note()
+    with contextlib.suppress(SlurmError):  # cancelled: the note is the lesser thing
+        note()
 
 
 CANCEL_RECHECK_S = 2.0

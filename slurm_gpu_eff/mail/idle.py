@@ -77,7 +77,7 @@ class SlurmCommands:
                          for name in ("squeue", "scontrol", "scancel", "sacct", "sacctmgr")}
 
     def running_job(self, job_id: str) -> RunningJob | None:
-        return running_job(job_id, self.commands["squeue"], self.commands["scontrol"])
+        return running_job(job_id, self.commands["squeue"])
 
     def cancel(self, job_id: str, cluster: str, reason: str) -> None:
         cancel_job(job_id, cluster, reason, self.commands)
@@ -134,24 +134,31 @@ WHERE (cluster, job_id, node, run) IN (
 """
 
 
+RUN_SPREAD_S = 60  # one run's nodes start within this of each other; a requeue, later
+
+
 def idle_jobs(store: Store, fresh: float, alert_s: float) -> list[IdleJob]:
-    """Running jobs (copies sampled since `fresh`) with a GPU idle for alert_s or more."""
-    by_run: dict[tuple[str, str, int], list[NodeSummary]] = {}
+    """Running jobs (copies sampled since `fresh`) with a GPU idle for alert_s or more:
+    one a job, its current run (its nodes' copies; the copies of an earlier run are not
+    it: a requeued job is another run, alerted anew)."""
+    by_job: dict[tuple[str, str], list[NodeSummary]] = {}
     for row in store.read(_RUNNING, {"fresh": fresh, "running": RUNNING}):
         try:
             summary = NodeSummary.from_dict(json.loads(row["body"]))
         except (ValueError, TypeError) as exc:  # one bad row must not stop the alerts of all
             log.error("idle check: a running summary the store holds cannot be read: %s", exc)
             continue
-        key = (summary.cluster, summary.job_id, int(summary.run_started_at or 0))
-        by_run.setdefault(key, []).append(summary)
+        by_job.setdefault((summary.cluster, summary.job_id), []).append(summary)
     found = []
-    for (cluster, job_id, run), nodes in sorted(by_run.items()):
+    for (cluster, job_id), copies in sorted(by_job.items()):
+        latest = max(s.run_started_at or 0.0 for s in copies)
+        nodes = [s for s in copies if (s.run_started_at or 0.0) > latest - RUN_SPREAD_S]
         idle = [IdleGpu(g.node, g.index, g.minor, float(g.idle_now["since"]), float(g.idle_now["seconds"]))
                 for s in nodes for g in s.gpus
                 if g.idle_now and float(g.idle_now.get("seconds", 0)) >= alert_s]
         if idle:
             idle.sort(key=lambda g: -g.seconds)
+            run = int(min(s.run_started_at or 0.0 for s in nodes))
             found.append(IdleJob(cluster, job_id, run, idle, sum(len(s.gpus) for s in nodes)))
     return found
 
@@ -232,11 +239,11 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
         return ""
     alerted = record.get("alerted_at")
     cancel_due = (policy.cancel_s > 0 and alerted is not None and now - float(alerted) >= policy.cancel_s
-                  and job.longest_s >= policy.alert_s + policy.cancel_s)
+                  and _still(job, record.get("gpus") or [], policy.alert_s + policy.cancel_s))
     if alerted is not None and not cancel_due:
         return ""
     facts = slurm.running_job(job.job_id)
-    if facts is None:  # ended meanwhile: its end mail says the rest
+    if facts is None or facts.state != "RUNNING":  # ended, or suspended: not idle by its own doing
         return ""
     why = policy.exempt(facts)
     if why is not None:
@@ -259,6 +266,14 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
         return f"job {job.job_id}: cancelling failed: {exc}"
     _mail(box, config, facts, "cancel", job, policy, now)
     return f"job {job.job_id}: cancelled ({reason})"
+
+
+def _still(job: IdleJob, alerted: list[dict[str, Any]], cancel_at_s: float) -> bool:
+    """A GPU the alert named is still in the stretch the alert was about (it began when
+    that one did: a GPU that worked since began a new one), long enough to cancel."""
+    named = {(g.get("node"), g.get("index")): float(g.get("since", 0.0)) for g in alerted}
+    return any(abs(named.get((g.node, g.index), -1e18) - g.since) < 1.0 and g.seconds >= cancel_at_s
+               for g in job.gpus)
 
 
 def cancelled_note(config: Config, cluster: str, job_id: str) -> str:
@@ -292,9 +307,11 @@ def _mail(box: Outbox, config: Config, facts: RunningJob, kind: str, job: IdleJo
 
 
 def recipient(facts: RunningJob, domain: str) -> str:
-    """Whom Slurm mails about this job: its --mail-user, else its user (as MailDomain)."""
-    to = facts.mail_user if facts.mail_user not in ("", "(null)") else facts.user
-    return f"{to}@{domain}" if domain and "@" not in to else to
+    """The job's owner (at [mail] domain, as Slurm's MailDomain). Not its --mail-user:
+    nothing of Slurm 22.05's tells it apart from what the user wrote in the job's comment
+    or paths (scontrol prints it only with a mail type, after fields users write), so it
+    would let a user send the alert anywhere."""
+    return f"{facts.user}@{domain}" if domain else facts.user
 
 
 def idle_message(config: Config, facts: RunningJob, kind: str, job: IdleJob, policy: Policy,

@@ -53,7 +53,11 @@ def write(directory: str, job_id: str, gpus: Iterable[Figures]) -> None:
     """The job's file, whole: written under another name, then renamed over the last."""
     path = path_for(directory, job_id)
     part = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # the collector reads it
+    try:  # one a crash left; O_EXCL|O_NOFOLLOW: never through a link someone planted
+        os.unlink(part)
+    except FileNotFoundError:
+        pass
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # the collector reads it
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text(gpus))

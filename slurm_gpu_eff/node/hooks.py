@@ -1,7 +1,10 @@
-"""Slurm prolog and epilog logic (standard library only: this is the hottest path).
+"""Slurm prolog and epilog logic (standard library only: a hot path).
 
-Both are bounded in time by an interval timer, log their own failures, and return 0
-whatever happens: a prolog that fails drains the node and requeues the job.
+Slurm's Prolog is the shell script prolog/gpueff-prolog: it starts the sampler, whose
+begin() calls prepare() and write_pid() here. main(["prolog"]) is the same steps in
+Python, done before returning (the unit tests' prolog). Both hooks are bounded in time
+by an interval timer, log their own failures, and return 0 whatever happens: a prolog
+that fails drains the node and requeues the job.
 - prolog: make the job's spool directory, start the detached sampler, return.
 - epilog: stop the sampler (bounded wait), turn its last checkpoint into the node's
   summary, post it to the outbox, start a detached deliverer, return: it never waits on
@@ -11,6 +14,7 @@ whatever happens: a prolog that fails drains the node and requeues the job.
 from __future__ import annotations
 
 import _signal  # signal.py only wraps this in enums, and importing enum costs the prolog 5 ms
+import contextlib
 import os
 import sys
 import time
@@ -21,9 +25,9 @@ from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
 from .spool import PID_FILE, SUMMARY, Spool, is_sampler, private_dirs, read_summary, run_started, sampler_pid
 
-# The prolog's imports are kept to the bare minimum (no typing, dataclasses, re,
-# subprocess): each costs milliseconds of start-up on every job. The epilog imports
-# what it needs inside its functions.
+# The imports are kept to the bare minimum (no typing, dataclasses, re, subprocess):
+# each costs milliseconds of the epilog, while the node stays COMPLETING. The epilog
+# imports what it needs inside its functions.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -107,9 +111,17 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     spool = Spool(config.spool_for(job.node))
     job_dir = spool.job_dir(job.job_id)
     pid_file = os.path.join(job_dir, PID_FILE)
-    if (not os.path.exists(pid_file) and _has_gpus(job.job_gpus)
-            and starting_sampler(job.job_id, job.node, pid_file, config.stop_wait_s)):
-        log.write("the sampler the prolog started was still starting: waited for it")
+    if not os.path.exists(pid_file) and _has_gpus(job.job_gpus):
+        late = starting_samplers(job.job_id, job.node, pid_file, config.stop_wait_s)
+        if late and not os.path.exists(pid_file):
+            # Still not started (a slow filesystem, a loaded node): it holds no figures,
+            # and left alone it would sample GPUs the next job is given.
+            for pid in late:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, _signal.SIGKILL)
+            log.write(f"the sampler the prolog started was not up after {config.stop_wait_s:g} s: killed")
+        elif late:
+            log.write("the sampler the prolog started was still starting: waited for it")
     if os.path.isdir(job_dir):
         stop_sampler(job_dir, config.stop_wait_s, log)
         summary = node_summary(job_dir, job, config)
@@ -123,11 +135,12 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
             reason = f"GPUs not sampled: {exc}"
         summary = _missing(job, config, reason)
     summary.ended_at = time.time()
+    spool.post(summary)  # if this fails (disk full), the next delivery sweeps the job dir
     if config.export_dir:  # a sampler killed before it could take its figures away
         from .export import remove
 
-        remove(config.export_dir, job.job_id)
-    spool.post(summary)  # if this fails (disk full), the next delivery sweeps the job dir
+        with contextlib.suppress(OSError):
+            remove(config.export_dir, job.job_id)
     import shutil  # here: the prolog never needs it
 
     shutil.rmtree(job_dir, ignore_errors=True)
@@ -158,21 +171,22 @@ def _has_gpus(job_gpus: str) -> bool:
         return False
 
 
-def starting_sampler(job_id: str, node: str, pid_file: str, wait_s: float) -> bool:
+def starting_samplers(job_id: str, node: str, pid_file: str, wait_s: float) -> list[int]:
     """A job that ends within milliseconds of its prolog: the sampler that the shell
-    prolog started may not have written its pid file yet. True if one was starting (its
-    command line names the job, its environment this node), once the file is there or
-    wait_s passed."""
+    prolog started may not have written its pid file yet. Waits while one of this job and
+    node (its command line names the job, its environment the node) is starting, until
+    the file is there or wait_s passed; the pids of those seen."""
     wanted = [b"slurm_gpu_eff.node.sampler", b"--prolog", job_id.encode()]
     here = f"SLURMD_NODENAME={node}".encode()
     end = time.monotonic() + wait_s
-    found = False
+    seen: list[int] = []
     while time.monotonic() < end and not os.path.exists(pid_file):
-        if not any(_starting(pid, wanted, here) for pid in os.listdir("/proc") if pid.isdigit()):
-            return found
-        found = True
+        now = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _starting(pid, wanted, here)]
+        if not now:
+            break
+        seen = sorted(set(seen) | set(now))
         time.sleep(0.02)
-    return found
+    return seen
 
 
 def _starting(pid: str, wanted: list[bytes], here: bytes) -> bool:

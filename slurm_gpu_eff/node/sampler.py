@@ -1,7 +1,8 @@
 """The per-job sampler: polls the job's GPUs, keeps streaming statistics, checkpoints.
 
-Started detached by the prolog (`python -m slurm_gpu_eff.node.sampler JOB_DIR`), with the
-prolog's environment (SLURM_JOB_ID, SLURM_JOB_GPUS, SLURMD_NODENAME...), stopped by
+Started detached by the shell prolog (`python -m slurm_gpu_eff.node.sampler --prolog
+JOBID`: it then does the prolog's work itself, begin()) or by the Python one (`... JOB_DIR`),
+with the prolog's environment (SLURM_JOB_ID, SLURM_JOB_GPUS, SLURMD_NODENAME...), stopped by
 the epilog with SIGTERM, on which it takes a last reading, writes its summary and
 exits. Memory is constant whatever the job's length; a checkpoint reaches the spool at
 least every `checkpoint_s`, and a live copy goes to the store every `live_s` so a
@@ -611,9 +612,9 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
 
 
 def begin(env: Mapping[str, str]) -> None:
-    """Started by the shell prolog (prolog/gpueff-prolog), which returned at once: the
-    prolog's work is done here, off the job's start. Its own session first (the shell
-    starts it through setsid where there is one)."""
+    """Started by the shell prolog (prolog/gpueff-prolog), which returned as soon as this
+    process had its own session: the prolog's work is done here, off the job's start.
+    setsid() again in case the shell had no setsid(1) to start it with."""
     from .hooks import prepare, write_pid
 
     with contextlib.suppress(OSError):

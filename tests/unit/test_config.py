@@ -108,10 +108,10 @@ def test_an_unknown_setting_is_an_error_naming_it_and_its_line(tmp_path: Path) -
     ("[mail]\nsmtp_port = true\n", "line 2: [mail] smtp_port = True: must be a whole number"),
     ("[mail]\nsmtp_port = -1\n", "line 2: [mail] smtp_port = -1: must not be negative"),
     ('[mail]\ntransport = "pigeon"\n', "line 2: [mail] transport = 'pigeon': say smtp or sendmail"),
-    ("[sampler]\ninterval_s = 0\n", "line 2: [sampler] interval_s = 0.0: must be a number greater than 0"),
+    ("[sampler]\ninterval_s = 0\n", "line 2: [sampler] interval_s = 0: must be a number greater than 0"),
     ("[sampler]\ninterval_s = inf\n", "line 2: [sampler] interval_s = inf: must be a number greater than 0"),
     ("[mail]\nmin_minutes = -1\n",
-     "line 2: [mail] min_minutes = -1.0: must be a number greater than 0 (or 0)"),
+     "line 2: [mail] min_minutes = -1: must be a number greater than 0 (or 0)"),
 ])
 def test_a_wrong_type_or_value_names_the_key_and_its_line(tmp_path: Path, text: str, message: str) -> None:
     assert refused(tmp_path, text) == f"{tmp_path / 'gpueff.toml'}, {message}"
@@ -168,3 +168,25 @@ def test_hints_are_read_back_as_written_and_checked_by_the_hints_module(tmp_path
     assert config.hints == {"nope.warn_pct": "3"}
     with pytest.raises(ConfigError, match=r"\[hints\] nope.warn_pct"):
         HintSettings.from_config(config.hints)
+
+
+def test_an_old_ini_file_left_by_an_upgrade_is_an_error_not_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slurm_gpu_eff import config as config_module
+
+    old = tmp_path / "gpueff.conf"
+    old.write_text("[spool]\ndir = /shared/spool/%n\n")
+    monkeypatch.delenv("GPUEFF_CONFIG", raising=False)
+    monkeypatch.setattr(config_module, "DEFAULT_PATH", str(tmp_path / "gpueff.toml"))
+    monkeypatch.setattr(config_module, "OLD_PATH", str(old))
+    with pytest.raises(ConfigError, match="is the old INI form: write it as .*gpueff.toml"):
+        config_module.load_config()
+
+
+def test_exempt_names_as_a_toml_array_or_a_string(tmp_path: Path) -> None:
+    users = parse_config('[mail]\nidle_exempt_users = ["bob", "carol"]\n', "f").idle_exempt_users
+    assert users == "bob, carol"
+    assert parse_config('[mail]\nidle_exempt_accounts = "a,b"\n', "f").idle_exempt_accounts == "a,b"
+    with pytest.raises(ConfigError, match="idle_exempt_users = \\[1\\]: must be a string"):
+        parse_config("[mail]\nidle_exempt_users = [1]\n", "f")

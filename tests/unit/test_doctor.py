@@ -174,3 +174,15 @@ def _own_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor sets SLURMD_NODENAME and GPUEFF_CONFIG as slurmd would: undone after each test."""
     monkeypatch.setenv("SLURMD_NODENAME", "")
     monkeypatch.delenv("GPUEFF_CONFIG", raising=False)
+
+
+def test_a_prolog_list_with_a_glob_that_runs_ours_is_fine(site: Site) -> None:
+    (site.root / "prolog.d").mkdir()
+    command(site.root / "prolog.d" / "10-site", "exit 0\n")
+    command(site.root / "prolog.d" / "20-gpueff", 'exec /opt/venv/bin/gpueff-prolog "$@"\n')
+    site.slurm_conf["Prolog"] = f"{site.root / 'other'},{site.root / 'prolog.d'}/*"
+    ready, checks = site.examine()
+    assert checks["Prolog"].ok, checks["Prolog"]
+    site.slurm_conf["Prolog"] = f"{site.root / 'prolog.d'}/10-*"
+    ready, checks = site.examine()
+    assert not checks["Prolog"].ok and "does not run gpueff-prolog" in checks["Prolog"].message

@@ -99,3 +99,15 @@ def test_the_grafana_dashboard_asks_only_for_what_is_exported() -> None:
              for name in re.findall(r"gpueff_\w+", target["expr"])}
     exported = {name + ("_total" if kind == "counter" else "") for name, _, kind, _ in export.METRICS}
     assert asked and asked <= exported, asked - exported
+
+
+def test_a_link_planted_where_the_file_is_written_is_not_followed(tmp_path: Path) -> None:
+    """The directory may be node_exporter's user's: root never writes through a link."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "textfile").mkdir()
+    planted = tmp_path / "textfile" / f".gpueff-job-1.prom.{os.getpid()}"
+    planted.symlink_to(victim)
+    export.write(str(tmp_path / "textfile"), "1", [])
+    assert victim.read_text() == "precious\n"
+    assert Path(export.path_for(str(tmp_path / "textfile"), "1")).read_text().endswith("# EOF\n")

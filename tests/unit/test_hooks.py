@@ -422,3 +422,20 @@ def test_the_log_makes_its_own_directory_but_never_its_parents(
     HookLog(str(tmp_path / "gone" / "log" / "gpu1.log"), "7", "sampler").write("late line")
     assert not (tmp_path / "gone").exists()
     assert "late line" in capsys.readouterr().err
+
+
+def test_a_sampler_still_not_up_when_the_epilog_gives_up_is_killed(hook_site: Any) -> None:
+    """Left alone, a sampler that starts after its job's epilog would sample the GPUs the
+    next job is given; it holds no figures yet, so it goes."""
+    hook_site.configure(sampler={"stop_wait_s": 0.5})
+    env = hook_site.export(hook_site.env())
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              "slurm_gpu_eff.node.sampler", "--prolog", "4242"], env=env)
+    try:
+        assert hooks.main(["epilog"], env) == 0
+        assert stuck.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        stuck.kill()
+    assert "was not up after 0.5 s: killed" in hook_site.log()
+    (summary,) = hook_site.stored()
+    assert summary.status == MISSING
