@@ -147,7 +147,9 @@ def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
     server stopped): it returns at once all the same, the summary waits in the spool
     (`gpueff spool status` says so), and once the store is back it arrives by itself: no
     new job on the node, no command."""
-    profile = cluster.profile([{"seconds": 4, "gpus": {"*": {"util": 55}}}])
+    # long enough that sacct (which can lag seconds behind slurmctld on a loaded machine)
+    # shows it RUNNING before it ends: the store must be down before its epilog
+    profile = cluster.profile([{"seconds": 10, "gpus": {"*": {"util": 55}}}])
     job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
     with cluster.store_down():  # the store is "down" until we let go
