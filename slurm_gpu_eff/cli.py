@@ -33,7 +33,9 @@ def report_parser() -> argparse.ArgumentParser:
         description="GPU efficiency of a Slurm job: seff's figures plus what its GPUs did.",
         epilog="Also: 'gpueff report' shows GPU usage over a period (admins; --me: your own); "
                "'gpueff spool status' says what waits in a node's spool and why; "
-               "'gpueff spool flush' delivers it to the store now.",
+               "'gpueff spool flush' delivers it to the store now; 'gpueff config' prints the "
+               "configuration in force; 'gpueff doctor' says whether this host is ready. "
+               "Each has its own --help.",
     )
     parser.add_argument("job_id", metavar="JOBID", help="job id, e.g. 1234 or 1234_7")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -35,6 +35,12 @@ from .notice import Notice, parse_args, read_notice
 from .outbox import Delivered, MailError, Outbox, Sendmail, Smtp, Transport
 
 POLL_S = 5.0  # how often the worker looks again for the summary and accounting
+USAGE = """usage: gpueff-mail -s SUBJECT RECIPIENT   Slurm's MailProg (slurm.conf MailProg=)
+       gpueff-mail --watch                 the service: idle-GPU checks, the mail spool
+       gpueff-mail --idle-check            one idle-GPU check, then what is due
+       gpueff-mail --flush                 send what is due in the mail spool
+Settings: [mail] in the config file (gpueff config shows them); docs/install.md.
+"""
 log = logging.getLogger("gpueff.mail")
 
 
@@ -45,6 +51,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return work(Path(args[1]))
     if args == ["--flush"]:
         return flush()
+    if args in (["--help"], ["-h"]):
+        sys.stdout.write(USAGE)
+        return 0
     if args == ["--watch"]:
         return watch()
     if args == ["--idle-check"]:

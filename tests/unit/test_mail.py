@@ -474,3 +474,9 @@ def test_a_job_over_whose_figures_are_still_a_live_copy_is_not_ready(make_job: A
     assert live.status == "partial" and not prog._ready(live)
     assert prog._ready(build_report(make_job(state="CANCELLED"), [make_summary()]))
     assert not prog._ready(build_report(make_job(state="RUNNING"), [make_summary()]))
+
+
+def test_help_says_every_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert prog.main(["--help"], {}) == 0
+    out = capsys.readouterr().out
+    assert all(mode in out for mode in ("-s SUBJECT RECIPIENT", "--watch", "--idle-check", "--flush"))
