@@ -431,6 +431,10 @@ def test_a_sampler_still_not_up_when_the_epilog_gives_up_is_killed(hook_site: An
     env = hook_site.export(hook_site.env())
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                               "slurm_gpu_eff.node.sampler", "--prolog", "4242"], env=env)
+    deadline = time.monotonic() + 10  # exec'd: a forked child still shows pytest's command line
+    while b"--prolog" not in Path(f"/proc/{stuck.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     try:
         assert hooks.main(["epilog"], env) == 0
         assert stuck.wait(timeout=5) == -signal.SIGKILL
