@@ -7,6 +7,7 @@ their real work; only the GPUs are simulated.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -35,6 +36,22 @@ def as_user(user: str, env: dict[str, str], *command: str) -> subprocess.Complet
     keep = [f"{k}={env[k]}" for k in ("SLURM_CONF", "GPUEFF_CONFIG", "PATH")]
     return subprocess.run(["runuser", "-u", user, "--", "env", *keep, *command],
                           capture_output=True, text=True, env=env, check=False)
+
+
+def settle(user: str, env: dict[str, str], job_id: str, timeout: float = 30) -> None:
+    """Until the job's final figures are in: its epilog's delivery and the figures in its
+    accounting follow the job's end by a few seconds (the report would say it shows a
+    live snapshot)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        done = as_user(user, env, "gpueff", job_id, "--json")
+        try:
+            status = json.loads(done.stdout).get("gpu_status")
+        except ValueError:
+            status = None
+        if status in ("complete", "missing"):
+            return
+        time.sleep(1)
 
 
 def main() -> int:
@@ -67,6 +84,7 @@ def main() -> int:
             break
         time.sleep(2)
     for user, job_id, what in submitted:
+        settle(user, env, job_id)
         print(f"\n===== gpueff {job_id}  ({what}, run as {user}) =====", flush=True)
         report = as_user(user, env, "gpueff", job_id)
         print(report.stdout or report.stderr, end="", flush=True)
