@@ -7,20 +7,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from slurm_gpu_eff.report.render import toml_value
+
 
 def value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(value(x) for x in v) + "]"
-    # a TOML basic string: JSON's escapes are TOML's, but for DEL, which TOML wants escaped
-    return json.dumps(str(v)).replace("\x7f", "\\u007f")
+    return toml_value(v)  # what `gpueff config` writes: the same TOML
 
 
 def toml(sections: dict[str, dict[str, Any]]) -> str:

@@ -31,7 +31,7 @@ from ..report.render import render_idle
 from ..slurm import RunningJob, cancel_job, running_job
 from ..store.base import Store
 from .message import new_message, recipients, sender
-from .outbox import Outbox, held_alone, write_whole
+from .outbox import Outbox, held_alone, safe_name, write_whole
 
 log = logging.getLogger("gpueff.mail")
 KEEP_S = 30 * 86400  # a job run's record: long enough for any job to end and be mailed
@@ -117,10 +117,6 @@ class Policy:
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.replace(" ", ",").split(",") if part.strip())
-
-
-def safe_name(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:200]
 
 
 # -- what the store says ------------------------------------------------------------------------

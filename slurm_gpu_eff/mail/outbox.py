@@ -223,7 +223,7 @@ class Outbox:
         return self._reported(key).exists()
 
     def _reported(self, key: str) -> Path:
-        return self.reported / "".join(c if c.isalnum() or c in "._-" else "_" for c in key)[:200]
+        return self.reported / safe_name(key)
 
     def retrier(self) -> contextlib.AbstractContextManager[bool]:
         """Held by the one process that waits to try the outbox again (True), so that a
@@ -247,6 +247,12 @@ class Outbox:
             yield True
         finally:
             os.close(fd)
+
+
+def safe_name(text: str) -> str:
+    """A file name for a key made of user-given parts (cluster, job id): nothing but
+    letters, digits and ._- (no / or ..), 200 characters at most."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:200]
 
 
 @contextlib.contextmanager

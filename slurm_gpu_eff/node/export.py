@@ -10,6 +10,8 @@ import os
 from collections.abc import Iterable
 from typing import Protocol
 
+from .spool import safe_part
+
 # (metric, help, type, unit): what each GPU's line says
 METRICS = (
     ("gpueff_gpu_utilization_ratio", "GPU utilisation at the last poll, 0 to 1", "gauge", "ratio"),
@@ -32,8 +34,7 @@ class Figures(Protocol):
 
 
 def path_for(directory: str, job_id: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in job_id)
-    return os.path.join(directory, f"gpueff-job-{safe}.prom")
+    return os.path.join(directory, f"gpueff-job-{safe_part(job_id)}.prom")
 
 
 def text(gpus: Iterable[Figures]) -> str:

@@ -36,7 +36,7 @@ class Spool:
         self.outbox = os.path.join(root, "outbox")
 
     def job_dir(self, job_id: str) -> str:
-        return os.path.join(self.root, "jobs", _safe(job_id))
+        return os.path.join(self.root, "jobs", safe_part(job_id))
 
     def make_private(self) -> None:
         """Create the spool's root 0700, or make an older one so."""
@@ -45,7 +45,7 @@ class Spool:
 
     def post(self, summary: NodeSummary) -> str:
         """Queue a node summary for the store; the newest one per job, node and run wins."""
-        name = f"{_safe(summary.cluster)}-{_safe(summary.job_id)}-{_safe(summary.node)}"
+        name = f"{safe_part(summary.cluster)}-{safe_part(summary.job_id)}-{safe_part(summary.node)}"
         if summary.run_started_at:  # a requeued run never overwrites the one before
             name += f"-{int(summary.run_started_at)}"
         name += ".json"
@@ -170,7 +170,8 @@ def private_dirs(path: str) -> None:
             pass
 
 
-def _safe(text: str) -> str:
+def safe_part(text: str) -> str:
+    """A path part from a job id or node name: ASCII letters, digits and _.- only."""
     return "".join(c if c in _SAFE else "_" for c in text) or "_"
 
 
