@@ -271,7 +271,16 @@ def deliver_until_done(
         return None  # a retrier is at work on this spool already
 
 
-Mirror = Callable[[Store, "Delivery", Spool, HookLog], None]
+Written = tuple[str, str, str]  # an AdminComment written into the database: job id, cluster, text
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """The AdminComment mirror: `after_pass` writes what one delivery pass stored and
+    returns the lines it wrote into the database; `recheck` reads those back once, after
+    the spool's lock is let go (see admin_comments)."""
+    after_pass: Callable[[Store, Delivery, Spool, HookLog], list[Written]]
+    recheck: Callable[[list[Written], HookLog], None]
 
 
 def attempt_options(config: Config) -> dict[str, Any]:
@@ -287,31 +296,35 @@ def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
     """Deliver until nothing waits, under the lock; None when the store failed (the
     summaries stay). A deliverer that finds the lock taken leaves at once: the holder looks
     at the outbox again after it lets go, so what was posted meanwhile is never stranded."""
-    total = Delivery()
-    while True:
-        try:
-            with locked(spool):
-                try:
-                    with open_store() as store:
-                        now = Delivery()
-                        while True:
-                            _add(now, deliver(spool, store))
-                            if not spool.pending():
-                                break
-                        if mirror is not None:
-                            mirror(store, now, spool, log)
-                        _add(total, now)
-                except StoreError:
-                    _trim(spool, max_bytes, log)
-                    raise
-        except Busy:
-            break  # its holder delivers what waits
-        except StoreError as exc:
-            if not quiet:
-                log.write(f"the store is unreachable ({exc}); the summaries wait and are retried")
-            return None
-        if not spool.pending():  # nothing was posted while we let go
-            break
+    total, written = Delivery(), []
+    try:
+        while True:
+            try:
+                with locked(spool):
+                    try:
+                        with open_store() as store:
+                            now = Delivery()
+                            while True:
+                                _add(now, deliver(spool, store))
+                                if not spool.pending():
+                                    break
+                            if mirror is not None:
+                                written += mirror.after_pass(store, now, spool, log)
+                            _add(total, now)
+                    except StoreError:
+                        _trim(spool, max_bytes, log)
+                        raise
+            except Busy:
+                break  # its holder delivers what waits
+            except StoreError as exc:
+                if not quiet:
+                    log.write(f"the store is unreachable ({exc}); the summaries wait and are retried")
+                return None
+            if not spool.pending():  # nothing was posted while we let go
+                break
+    finally:
+        if written and mirror is not None:
+            mirror.recheck(written, log)
     for path in total.dead:
         log.write(f"the store rejected a summary; kept in {path} with the reason")
     for path in total.set_aside:
@@ -366,15 +379,24 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
                              earlier=[s for s in every if run_of(s) != run])
         return with_site_text(current, ours), task
 
-    def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> None:
+    def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> Written | None:
         text, task = line(job_id, run, store.node_summaries(job_id, cluster))
-        if write(task, cluster, text) == "slurmdbd":
-            # The job's end record may still be on its way to slurmdbd, carrying
-            # slurmctld's older copy over ours: look again, and write once more.
-            sleep(MIRROR_RECHECK_S)
-            if get_admin_comment(task, commands["sacct"])[0].lower() != text.lower():
-                write(task, cluster, text)
+        where = write(task, cluster, text)
         _forget(spool, cluster, job_id)
+        return (task, cluster, text) if where == "slurmdbd" else None
+
+    def recheck(written: list[Written], log: HookLog) -> None:
+        """A job's end record may still be on its way to slurmdbd, carrying slurmctld's
+        older copy over what was written into the database: look again, once for all the
+        jobs of a delivery (a wait per job, under the spool's lock, made a node where a
+        dozen jobs ended together mirror the last one a minute late), and write once more."""
+        sleep(MIRROR_RECHECK_S)
+        for task, cluster, text in written:
+            try:
+                if get_admin_comment(task, commands["sacct"])[0].lower() != text.lower():
+                    write(task, cluster, text)
+            except GpuEffError as exc:
+                log.write(f"job {task}: its AdminComment was not written: {exc}")
 
     def live(store: Store, cluster: str, job_id: str, run: float, spool: Spool, node: str) -> None:
         every = store.node_summaries(job_id, cluster)
@@ -386,24 +408,25 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         text, task = line(job_id, run, every)
         write(task, cluster, text, running=True)
 
-    def mirror(store: Store, now: Delivery, spool: Spool, log: HookLog) -> None:
+    def after_pass(store: Store, now: Delivery, spool: Spool, log: HookLog) -> list[Written]:
         ended = {(s.cluster, s.job_id, run_of(s)) for s in now.finals}
+        written = []
         for cluster, job_id, run in sorted(ended):
             try:
-                final(store, cluster, job_id, run, spool)
+                if (done := final(store, cluster, job_id, run, spool)) is not None:
+                    written.append(done)
             except GpuEffError as exc:
                 log.write(f"job {job_id}: its AdminComment was not written: {exc}")
-        if config.live_mirror_s <= 0:
-            return
         running = {(s.cluster, s.job_id, run_of(s), s.node) for s in now.lives}
-        for cluster, job_id, run, node in sorted(running):
+        for cluster, job_id, run, node in sorted(running) if config.live_mirror_s > 0 else []:
             if (cluster, job_id, run) not in ended:
                 try:
                     live(store, cluster, job_id, run, spool, node)
                 except GpuEffError as exc:
                     log.write(f"job {job_id}: its live figures were not mirrored: {exc}")
+        return written
 
-    return mirror
+    return Mirror(after_pass, recheck)
 
 
 def _due(spool: Spool, cluster: str, job_id: str, every_s: float, now: float) -> bool:

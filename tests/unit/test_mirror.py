@@ -253,6 +253,39 @@ def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_o
         READ, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE]
 
 
+def test_jobs_ending_together_are_read_back_after_one_wait_with_the_spool_let_go(
+    tmp_path: Path, make_summary: Factory,
+) -> None:
+    """Four jobs of one node delivered together: all four lines written, then one wait
+    (not one per job, under the lock: the last job's line came a minute late), then each
+    read back; the spool is free during the wait."""
+    from slurm_gpu_eff.store import deliver as module
+
+    config = fake_slurm(tmp_path, scontrol="error:Job has already finished")
+    spool = Spool(str(tmp_path / "spool"))
+    store = str(tmp_path / "gpueff.db")
+    jobs = ["4242", "4243", "4244", "4245"]
+    for job in jobs:
+        spool.post(make_summary(job_id=job))
+    log = HookLog(str(tmp_path / "log"), "-", "deliver")
+    waits = []
+
+    def sleep(seconds: float) -> None:
+        with module.locked(spool):  # would raise Busy if the deliverer still held it
+            waits.append(seconds)
+        with open(tmp_path / "calls.log", "a") as log_file:
+            log_file.write("WAIT\n")
+
+    mirror = admin_comments(config, sleep=sleep)
+    result = module._attempt(spool, lambda: SqliteStore(store), log, mirror=mirror)
+    assert result is not None and result.delivered == 4
+    assert waits == [module.MIRROR_RECHECK_S]
+    made = calls(tmp_path)
+    before, after = made[:made.index("WAIT")], made[made.index("WAIT") + 1:]
+    assert [c.split("jobid=")[1].split()[0] for c in before if c.startswith("sacctmgr")] == jobs
+    assert [c.split()[2] for c in after if c.startswith("sacct ")] == jobs  # each read back
+
+
 def test_a_line_read_back_lowercased_is_not_written_twice(
     tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
