@@ -19,11 +19,13 @@ demo: cluster
 # Every test on both store engines: all of them with the cluster on SQLite (a test with a
 # store of its own runs once per engine), then the cluster is switched to PostgreSQL and
 # the tests of its store (marker cluster_store) run again; it is switched back either way.
+# Each pass runs its tests side by side where they can share the cluster and alone where
+# they cannot (scripts/test-pass.sh); TEST_WORKERS processes at once (default 4).
 test: venv lint
 	GPUEFF_STORE=sqlite $(CLUSTER) up
-	GPUEFF_REQUIRE_CLUSTER=1 $(PYTEST) tests
+	GPUEFF_REQUIRE_CLUSTER=1 bash scripts/test-pass.sh "" tests
 	$(CLUSTER) store postgresql
-	GPUEFF_REQUIRE_CLUSTER=1 $(PYTEST) -m cluster_store tests/integration; \
+	GPUEFF_REQUIRE_CLUSTER=1 bash scripts/test-pass.sh cluster_store tests/integration; \
 	  status=$$?; $(CLUSTER) store sqlite && exit $$status
 
 cluster: venv
@@ -61,10 +63,10 @@ docs: venv
 	$(PY) scripts/gen_hints_doc.py
 
 unit: venv
-	$(PYTEST) tests/unit
+	$(PYTEST) -n $(or $(TEST_WORKERS),4) tests/unit
 
 integration: cluster
-	GPUEFF_REQUIRE_CLUSTER=1 $(PYTEST) tests/integration
+	GPUEFF_REQUIRE_CLUSTER=1 bash scripts/test-pass.sh "" tests/integration
 
 bench: venv
 	$(PY) bench/run.py

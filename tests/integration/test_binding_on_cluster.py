@@ -64,6 +64,7 @@ done
 """
 
 
+@pytest.mark.serial  # every job started meanwhile is bound through the lying gres list
 def test_a_lying_gres_mapping_is_reported_as_a_mismatch(cluster: Cluster) -> None:
     """The hooks' config names a slurmd whose gres list is off by one; the job's own
     workload (with the real mapping, as CUDA would see its GPU) plays on the GPU Slurm gave

@@ -12,11 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import spool_status
 from tests.configfile import write_config
 from tests.pg import StoreSite
 from tests.unit.conftest import wait_delivered
+
+pytestmark = [pytest.mark.heavy]  # CPU-bound, a store of its own: beside the cluster tests, at low priority
 
 REPO = Path(__file__).resolve().parents[2]
 EPILOG = REPO / "epilog" / "gpueff-epilog"

@@ -40,6 +40,7 @@ def node_summary(cluster: Cluster, job_id: str) -> dict[str, Any]:
     return pg.as_json(rows[0][0])
 
 
+@pytest.mark.serial  # reads the simulated GPUs' last job: no other may use them after it
 def test_two_gpu_job_reports_the_profiles_truth(cluster: Cluster) -> None:
     gpu0 = [(15, {"util": 80, "power_w": 400}), (8, {"util": 100, "power_w": 600})]
     gpu1 = [(15, {"util": 80, "power_w": 400}), (8, {"util": 10, "power_w": 150})]
@@ -83,6 +84,7 @@ def test_two_gpu_job_reports_the_profiles_truth(cluster: Cluster) -> None:
     assert "CPU Efficiency:" in text.out and "Memory Efficiency:" in text.out
 
 
+@pytest.mark.serial  # needs its node to itself: which GPU the job gets is the point
 def test_job_on_the_second_gpu_is_reported_on_minor_1(cluster: Cluster) -> None:
     blocker = cluster.submit("bob", "sleep 120", "-w", NODE, "--gres=gpu:1", "-J", "blocker")
     cluster.wait_state(blocker, {"RUNNING"})
@@ -142,6 +144,7 @@ def test_running_job_shows_figures_so_far(cluster: Cluster) -> None:
     cluster.wait_done(job)
 
 
+@pytest.mark.serial  # the store is down for every job meanwhile
 def test_store_down_at_job_end_loses_nothing(cluster: Cluster) -> None:
     """The epilog cannot reach the store (SQLite: the file held locked; PostgreSQL: the
     server stopped): it returns at once all the same, the summary waits in the spool

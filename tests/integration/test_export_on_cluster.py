@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from .conftest import Cluster, with_settings
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # every sampler exports meanwhile
 NODE = "gpu1"
 
 

@@ -16,7 +16,9 @@ import pytest
 
 from .conftest import Cluster, with_settings
 
-pytestmark = [pytest.mark.cluster]  # the node side: the store's engine changes nothing here
+# The node side: the store's engine changes nothing here. Serial: its CPU-side cases
+# measure a CPU burner's efficiency, which other jobs' load would lower.
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 H100_IDLE_W = 70.0
 GIB = 1024**3

@@ -16,7 +16,7 @@ from tests.smtp import Server
 
 from .conftest import Cluster, with_settings
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # the idle policy is on for every job meanwhile
 DOMAIN = "gpueffdev.invalid"
 ALERT_S = 15.0  # idle_alert_min = 0.25
 CANCEL_S = 15.0  # idle_cancel_min = 0.25

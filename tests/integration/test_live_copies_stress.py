@@ -30,6 +30,8 @@ from tests.unit.conftest import wait_delivered
 
 from .conftest import fail_or_skip
 
+pytestmark = [pytest.mark.heavy]  # CPU-bound, a store of its own: beside the cluster tests, at low priority
+
 NODES, JOBS_PER_NODE = 25, 40  # 1,000 running jobs
 LIVE_S = Config().live_s
 ROUND_S = LIVE_S / 4  # each round of 1,000 copies in a quarter of a live period

@@ -33,9 +33,8 @@ def test_square_wave_that_snapshots_alias_is_measured_within_a_point(cluster: Cl
     assert cluster.wait_done(job) == "COMPLETED"
     gpu = cluster.gpueff(job, "alice", "--json").json()["gpus"][0]
     summary = cluster.summaries(job)["gpu1"]
-    state = cluster.sim_state("gpu1", gpu["minor"])
     t0, t1 = summary["sampled_from"], summary["sampled_until"]
-    busy = overlap(t0, t1, state["started_at"], state["ended_at"])
+    busy = overlap(t0, t1, *cluster.played(job))  # the workload's own times: the GPU may have a new job now
     # Utilisation is measured from the driver's sample windows, which cover [t0, t1].
     util_truth = 30.0 * busy / (t1 - t0)
     assert gpu["util_source"] == "samples"
@@ -59,6 +58,7 @@ def test_square_wave_that_snapshots_alias_is_measured_within_a_point(cluster: Cl
     assert gpu["timeline"]["points"] and len(gpu["timeline"]["points"]) <= 720
 
 
+@pytest.mark.serial  # needs all three nodes at once
 def test_three_node_job_merges_nodes_and_says_which_part_is_missing(cluster: Cluster) -> None:
     profile = cluster.profile([{"seconds": 10, "gpus": {
         "*": {"util": 80, "sm_active": 60, "power_w": 350}, "1": {"util": 20}}}])
@@ -165,6 +165,7 @@ def test_heterogeneous_job_reports_each_component(cluster: Cluster) -> None:
         sum(t["gpu_hours_allocated"] for t in data["tasks"]))
 
 
+@pytest.mark.serial  # per-process figures read low on a loaded machine (see the note of 2026-11-24)
 def test_shared_gpu_is_said_and_the_jobs_own_share_is_measured(cluster: Cluster) -> None:
     """Another job's process on the GPU (the sim lists pid 1, which is in no job's cgroup):
     the report says the GPU was shared and splits out this job's own processes."""

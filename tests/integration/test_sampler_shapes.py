@@ -14,9 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.configfile import write_config
 from tests.pg import StoreSite, as_json
 from tests.unit.conftest import wait_delivered
+
+pytestmark = [pytest.mark.heavy]  # CPU-bound, a store of its own: beside the cluster tests, at low priority
 
 REPO = Path(__file__).resolve().parents[2]
 PROLOG = REPO / "prolog" / "gpueff-prolog"

@@ -22,7 +22,7 @@ from tests.smtp import Server
 
 from .conftest import REPO, Cluster
 
-pytestmark = [pytest.mark.cluster]
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]  # the hooks of every job are the site's meanwhile
 HOOKS = {"prolog": "gpueff-prolog", "epilog": "gpueff-epilog", "mailprog": "gpueff-mail"}
 
 

@@ -16,11 +16,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import spool_status
 from tests.configfile import write_config
 from tests.pg import StoreSite
 from tests.unit.conftest import wait_delivered
+
+pytestmark = [pytest.mark.serial]  # its bar (no epilog over 0.5 s) needs the CPUs to itself
 
 REPO = Path(__file__).resolve().parents[2]
 EPILOG = REPO / "epilog" / "gpueff-epilog"

@@ -11,7 +11,8 @@ import pytest
 
 from .conftest import Cluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
+# serial: it counts every job alice and bob ran in its period
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store, pytest.mark.serial]
 NOT_PERMITTED = 10
 
 

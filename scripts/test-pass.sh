@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One pass of `make test` with the development cluster up, in three parts, so that it
+# takes about as long as its longest file rather than the sum of its tests' waits:
+#   1. the stress tests (marker heavy: CPU-bound, each with a store of its own) at the
+#      lowest CPU priority, in the background, all along parts 2 and 3;
+#   2. meanwhile the others, in TEST_WORKERS processes (pytest-xdist): the cluster's tests
+#      mostly wait for their jobs; a file's tests stay in one process, in order, sharing
+#      its fixtures (one set of jobs, one SMTP server on the cluster's port);
+#   3. then the tests marked serial, alone: they change the cluster for every job while
+#      they run (its config, its store, its hooks) or count every job of a user.
+# A failing part does not stop the others; the pass fails if any part did.
+# usage: scripts/test-pass.sh MARKEXPR PATH...   (MARKEXPR "" selects every test)
+set -u
+cd "$(dirname "$0")/.."
+select=$1
+shift
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+
+marked() {  # the pass's selection and one part's
+  if [ -n "$select" ]; then echo "($select) and ($1)"; else echo "$1"; fi
+}
+
+ran() {  # pytest's status: 5 (no test selected) is not a failure
+  [ "$1" -eq 0 ] || [ "$1" -eq 5 ]
+}
+
+status=0
+heavy_log=$(mktemp)
+nice -n 19 "${pytest[@]}" -m "$(marked heavy)" "$@" > "$heavy_log" 2>&1 &
+heavy=$!
+"${pytest[@]}" -n "${TEST_WORKERS:-4}" --dist loadfile -m "$(marked 'not heavy and not serial')" "$@"
+ran $? || status=1
+echo "--- the tests that need the cluster to themselves:"
+"${pytest[@]}" -m "$(marked serial)" "$@"
+ran $? || status=1
+wait "$heavy"
+ran $? || status=1
+echo "--- the stress tests, run beside the above at the lowest CPU priority:"
+cat "$heavy_log"
+rm -f "$heavy_log"
+exit $status
