@@ -536,6 +536,34 @@ def turns(works: dict[str, Callable[[], object]], runs: int) -> dict[str, float]
     return {name: statistics.median(times) for name, times in walls.items()}
 
 
+def sampler_rows(root: Path, interval: float, seconds: float,
+                 rounds: int) -> list[tuple[str, str, str, str, bool]]:
+    """The sampler's CPU per GPU-sample against the bare NVML calls, its RSS, and the
+    bytes stored per job-GPU."""
+    env = setup(root / "sampler", interval)
+    run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
+    # Sampler and baseline in turns, medians of `rounds`: on a 2-core machine with the
+    # dev cluster's daemons beside it, one run of each varies by a third.
+    per_samples, baselines, ratios = [], [], []
+    for turn in range(rounds):
+        idle_cpu, idle_samples, _, _ = run_sampler(root / "sampler", env, f"11{turn}", 0.0)
+        cpu, samples, rss_kib, summary = run_sampler(root / "sampler", env, f"12{turn}", seconds)
+        per_samples.append((cpu - idle_cpu) / max(1, samples - idle_samples))
+        baselines.append(bare_reads_cpu(env, 400, interval))
+        ratios.append(per_samples[-1] / baselines[-1])
+    per_sample, baseline, ratio = (statistics.median(v) for v in (per_samples, baselines, ratios))
+    db_bytes, json_bytes = stored_bytes_per_gpu(root, summary)
+    return [
+        (f"sampler CPU per GPU-sample ({GPUS} GPUs)", f"{per_sample * 1000:.3f} ms",
+         f"{ratio:.2f}x its bare NVML calls ({baseline * 1000:.3f} ms)",
+         "<= 1 ms, <= 1.5x", per_sample <= 0.001 and ratio <= 1.5),
+        ("sampler RSS", f"{rss_kib / 1024:.1f} MB", f"{samples} GPU-samples", "<= 40 MB",
+         rss_kib / 1024 <= 40),
+        ("store bytes per job-GPU", f"{db_bytes:.0f} B",
+         f"{db_bytes / json_bytes:.2f}x its JSON summary ({json_bytes:.0f} B)", "-", True),
+    ]
+
+
 def usage_rows(jobs: int, runs: int) -> list[tuple[str, str, str, str, bool]]:
     """The usage-report section on each engine (PostgreSQL where a private server can run):
     the SQLite store is kept in build/bench/ and reused; PostgreSQL's is loaded each run."""
@@ -598,7 +626,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="sampler/baseline turns (median)")
     parser.add_argument("--epilogs", type=int, default=20,
                         help="epilogs per node (25 nodes) for the throughput figures")
-    parser.add_argument("--only", choices=("usage", "hooks"), help="run this section alone")
+    parser.add_argument("--only", choices=("usage", "hooks", "sampler"), help="run this section alone")
     parser.add_argument("--usage-jobs", type=int, default=1_000_000,
                         help="GPU job runs in the usage-report store (default 1,000,000)")
     parser.add_argument("--usage-runs", type=int, default=3, help="usage report turns (median)")
@@ -610,6 +638,10 @@ def main() -> int:
 
     if args.only == "hooks":
         print_rows(hooks_rows(args.runs, pg))
+        return 0
+    if args.only == "sampler":
+        with tempfile.TemporaryDirectory(prefix="gpueff-bench-") as tmp:
+            print_rows(sampler_rows(Path(tmp), args.interval, args.seconds, args.rounds))
         return 0
 
     with tempfile.TemporaryDirectory(prefix="gpueff-bench-") as tmp, contextlib.ExitStack() as stack:
@@ -625,19 +657,7 @@ def main() -> int:
             engines[site.engine] = (bench_epilog(root, epilog_runs, site, down=False),
                                     bench_epilog(root, epilog_runs, site, down=True),
                                     bench_delivery(root, site, per_node=args.epilogs))
-        env = setup(root / "sampler", args.interval)
-        run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
-        # Sampler and baseline in turns, medians of --rounds: on a 2-core machine with the
-        # dev cluster's daemons beside it, one run of each varies by a third.
-        per_samples, baselines, ratios = [], [], []
-        for turn in range(args.rounds):
-            idle_cpu, idle_samples, _, _ = run_sampler(root / "sampler", env, f"11{turn}", 0.0)
-            cpu, samples, rss_kib, summary = run_sampler(root / "sampler", env, f"12{turn}", args.seconds)
-            per_samples.append((cpu - idle_cpu) / max(1, samples - idle_samples))
-            baselines.append(bare_reads_cpu(env, 400, args.interval))
-            ratios.append(per_samples[-1] / baselines[-1])
-        per_sample, baseline, ratio = (statistics.median(v) for v in (per_samples, baselines, ratios))
-        db_bytes, json_bytes = stored_bytes_per_gpu(root, summary)
+        sampler = sampler_rows(root, args.interval, args.seconds, args.rounds)
         flood = bench_flood(root, sites[0])
     rows = [
         ("prolog wall time (median)", f"{prolog * 1000:.1f} ms",
@@ -656,15 +676,7 @@ def main() -> int:
         ]
     if no_pg:
         rows.append(("PostgreSQL figures", "skipped", no_pg[:45], "-", True))
-    rows += [
-        (f"sampler CPU per GPU-sample ({GPUS} GPUs)", f"{per_sample * 1000:.3f} ms",
-         f"{ratio:.2f}x its bare NVML calls ({baseline * 1000:.3f} ms)",
-         "<= 1 ms, <= 1.5x", per_sample <= 0.001 and ratio <= 1.5),
-        ("sampler RSS", f"{rss_kib / 1024:.1f} MB", f"{samples} GPU-samples", "<= 40 MB",
-         rss_kib / 1024 <= 40),
-        ("store bytes per job-GPU", f"{db_bytes:.0f} B",
-         f"{db_bytes / json_bytes:.2f}x its JSON summary ({json_bytes:.0f} B)", "-", True),
-    ]
+    rows += sampler
     versus = bench_report_vs_seff()
     if isinstance(versus, str):
         rows.append(("gpueff JOBID vs Slurm's seff", "skipped", versus[:45], "-", True))

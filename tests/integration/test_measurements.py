@@ -165,7 +165,7 @@ def test_heterogeneous_job_reports_each_component(cluster: Cluster) -> None:
         sum(t["gpu_hours_allocated"] for t in data["tasks"]))
 
 
-@pytest.mark.serial  # per-process figures read low on a loaded machine (see the note of 2026-11-24)
+@pytest.mark.serial  # its bars of 2 and 3 points, on a machine no other job loads
 def test_shared_gpu_is_said_and_the_jobs_own_share_is_measured(cluster: Cluster) -> None:
     """Another job's process on the GPU (the sim lists pid 1, which is in no job's cgroup):
     the report says the GPU was shared and splits out this job's own processes."""
@@ -181,7 +181,10 @@ def test_shared_gpu_is_said_and_the_jobs_own_share_is_measured(cluster: Cluster)
     window = summary["sampled_until"] - summary["sampled_from"]
     assert gpu["shared_fraction"] == pytest.approx((ended - started) / window, abs=0.15)
     assert abs(gpu["util_whole_mean"] - cluster.truth(job, node, 80)) <= 2.0  # the whole GPU
-    assert abs(gpu["own_util_mean"] - 50) <= 3.0  # this job's processes, while shared
+    # This job's processes: read from the first poll that saw the other process (the
+    # workload's start) to the sampler's end, so the idle tail after the workload counts.
+    own_truth = 50 * (ended - started) / (summary["sampled_until"] - started)
+    assert abs(gpu["own_util_mean"] - own_truth) <= 3.0
     assert gpu["util_mean"] == gpu["own_util_mean"]  # what the job is charged with
     assert any("was shared with processes outside any job" in n for n in data["notes"])
 
