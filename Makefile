@@ -10,6 +10,8 @@ PYTEST  := $(PY) -m pytest -q -p no:cacheprovider
 STORE   ?= sqlite
 # The stand-in libnvidia-ml.so.1 the tests and the demo load below the real pynvml
 STANDIN := build/nvml/current/libnvidia-ml.so.1
+# Where `make test` keeps each part's JUnit XML for its closing total
+RESULTS := build/test-results
 
 .PHONY: demo test cluster cluster-down cluster-env deps venv lint unit integration bench docs gpu-check
 
@@ -21,12 +23,16 @@ demo: cluster
 # the tests of its store (marker cluster_store) run again; it is switched back either way.
 # Each pass runs its tests side by side where they can share the cluster and alone where
 # they cannot (scripts/test-pass.sh); TEST_WORKERS processes at once (default 4).
+# It ends with one line for the whole run (scripts/test-total.py, from each part's JUnit XML).
 test: venv lint
 	GPUEFF_STORE=sqlite $(CLUSTER) up
-	GPUEFF_REQUIRE_CLUSTER=1 bash scripts/test-pass.sh "" tests
-	$(CLUSTER) store postgresql
-	GPUEFF_REQUIRE_CLUSTER=1 bash scripts/test-pass.sh cluster_store tests/integration; \
-	  status=$$?; $(CLUSTER) store sqlite && exit $$status
+	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	start=$$(date +%s); status=0; export GPUEFF_REQUIRE_CLUSTER=1 TEST_RESULTS=$(RESULTS); \
+	bash scripts/test-pass.sh "" tests || status=1; \
+	{ $(CLUSTER) store postgresql && bash scripts/test-pass.sh cluster_store tests/integration; } || status=1; \
+	$(CLUSTER) store sqlite || status=1; \
+	$(PY) scripts/test-total.py $(RESULTS) $$start $(foreach pass,all cluster_store,$(foreach part,side-by-side serial heavy,$(pass)-$(part))) \
+	  || status=1; exit $$status
 
 cluster: venv
 	GPUEFF_STORE=$(STORE) $(CLUSTER) up

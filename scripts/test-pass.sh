@@ -10,6 +10,8 @@
 #      they run (its config, its store, its hooks) or count every job of a user.
 # A failing part does not stop the others; the pass fails if any part did.
 # usage: scripts/test-pass.sh MARKEXPR PATH...   (MARKEXPR "" selects every test)
+# With TEST_RESULTS set to a folder, each part writes its JUnit XML there (for the total
+# that `make test` prints at its end: scripts/test-total.py).
 set -u
 cd "$(dirname "$0")/.."
 select=$1
@@ -24,14 +26,19 @@ ran() {  # pytest's status: 5 (no test selected) is not a failure
   [ "$1" -eq 0 ] || [ "$1" -eq 5 ]
 }
 
+results() {  # where a part writes its JUnit XML, if anywhere
+  if [ -n "${TEST_RESULTS:-}" ]; then echo "--junitxml=$TEST_RESULTS/${select:-all}-$1.xml"; fi
+}
+
 status=0
 heavy_log=$(mktemp)
-nice -n 19 "${pytest[@]}" -m "$(marked heavy)" "$@" > "$heavy_log" 2>&1 &
+nice -n 19 "${pytest[@]}" $(results heavy) -m "$(marked heavy)" "$@" > "$heavy_log" 2>&1 &
 heavy=$!
-"${pytest[@]}" -n "${TEST_WORKERS:-4}" --dist loadfile -m "$(marked 'not heavy and not serial')" "$@"
+"${pytest[@]}" $(results side-by-side) -n "${TEST_WORKERS:-4}" --dist loadfile \
+  -m "$(marked 'not heavy and not serial')" "$@"
 ran $? || status=1
 echo "--- the tests that need the cluster to themselves:"
-"${pytest[@]}" -m "$(marked serial)" "$@"
+"${pytest[@]}" $(results serial) -m "$(marked serial)" "$@"
 ran $? || status=1
 wait "$heavy"
 ran $? || status=1
