@@ -276,6 +276,15 @@ def stored_bytes_per_gpu(root: Path, summary: dict) -> tuple[float, float]:
     return grown / (50 * gpus), len(json.dumps(summary, separators=(",", ":"))) / gpus
 
 
+def bare_reads_in_child(env: dict[str, str], reads: int, interval: float) -> float:
+    """bare_reads_cpu in a new interpreter, as the sampler runs: the same start (-I, a small
+    heap), over the same span, so the two meet the same machine."""
+    out = subprocess.run([PYTHON, "-I", str(Path(__file__)), "--bare-reads", str(reads),
+                          "--interval", str(interval)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return float(out.split()[-1])
+
+
 def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     """CPU per GPU-sample of the NVML calls alone, through the same pynvml and library,
     in this process (the baseline): the calls the sampler makes per GPU and poll, at the
@@ -292,6 +301,12 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     gpm = [[nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()] for _ in handles]
     for h, (first, _) in zip(handles, gpm, strict=True):
         nvml.nvmlGpmSampleGet(h, first)
+    # one metrics request, made before (as the sampler does): each GPM read fills it
+    request = nvml.c_nvmlGpmMetricsGet_t()
+    request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 11
+    for slot, metric in zip(request.metrics, (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61), strict=False):
+        slot.metricId = metric
     events = nvml.nvmlEventSetCreate()
     for h in handles:
         nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, events)
@@ -325,12 +340,7 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
             if take_gpm:
                 first, second = pair
                 nvml.nvmlGpmSampleGet(h, second)
-                request = nvml.c_nvmlGpmMetricsGet_t()
-                request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-                request.numMetrics, request.sample1, request.sample2 = 11, first, second
-                for slot, metric in zip(request.metrics, (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61),
-                                        strict=False):
-                    slot.metricId = metric
+                request.sample1, request.sample2 = first, second
                 nvml.nvmlGpmMetricsGet(request)
                 pair.reverse()
         if take_gpm:
@@ -544,12 +554,16 @@ def sampler_rows(root: Path, interval: float, seconds: float,
     run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
     # Sampler and baseline in turns, medians of `rounds`: on a 2-core machine with the
     # dev cluster's daemons beside it, one run of each varies by a third.
+    # A run's CPU less a run that stops at once (its start, first and last checkpoints):
+    # the median of those, as one varies by a few ms, a few microseconds a GPU-sample.
+    idle = [run_sampler(root / "sampler", env, f"11{turn}", 0.0) for turn in range(rounds)]
+    idle_cpu = statistics.median(cpu for cpu, _, _, _ in idle)
+    idle_samples = statistics.median(samples for _, samples, _, _ in idle)
     per_samples, baselines, ratios = [], [], []
     for turn in range(rounds):
-        idle_cpu, idle_samples, _, _ = run_sampler(root / "sampler", env, f"11{turn}", 0.0)
         cpu, samples, rss_kib, summary = run_sampler(root / "sampler", env, f"12{turn}", seconds)
         per_samples.append((cpu - idle_cpu) / max(1, samples - idle_samples))
-        baselines.append(bare_reads_cpu(env, 400, interval))
+        baselines.append(bare_reads_in_child(env, int(seconds / interval) * GPUS, interval))
         ratios.append(per_samples[-1] / baselines[-1])
     per_sample, baseline, ratio = (statistics.median(v) for v in (per_samples, baselines, ratios))
     db_bytes, json_bytes = stored_bytes_per_gpu(root, summary)
@@ -621,16 +635,21 @@ def hooks_rows(runs: int, pg: ModuleType) -> list[tuple[str, str, str, str, bool
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="prolog runs (median)")
+    # under 10 s: a sampler posts its first live copy then (a process of its own, once)
     parser.add_argument("--seconds", type=float, default=6, help="sampler run length")
     parser.add_argument("--interval", type=float, default=0.02, help="sampler interval (s)")
-    parser.add_argument("--rounds", type=int, default=3, help="sampler/baseline turns (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="sampler/baseline turns (median)")
     parser.add_argument("--epilogs", type=int, default=20,
                         help="epilogs per node (25 nodes) for the throughput figures")
     parser.add_argument("--only", choices=("usage", "hooks", "sampler"), help="run this section alone")
     parser.add_argument("--usage-jobs", type=int, default=1_000_000,
                         help="GPU job runs in the usage-report store (default 1,000,000)")
     parser.add_argument("--usage-runs", type=int, default=3, help="usage report turns (median)")
+    parser.add_argument("--bare-reads", type=int, help=argparse.SUPPRESS)  # the baseline's child
     args = parser.parse_args()
+    if args.bare_reads:
+        print(bare_reads_cpu(dict(os.environ), args.bare_reads, args.interval))
+        return 0
     if args.only == "usage":
         print_rows(usage_rows(args.usage_jobs, args.usage_runs))
         return 0

@@ -53,6 +53,8 @@ GPM_METRICS = {
     11: "fp64_active", 12: "fp32_active", 13: "fp16_active", 20: "pcie_tx_mbps",
     21: "pcie_rx_mbps", 60: "nvlink_rx_mbps", 61: "nvlink_tx_mbps",
 }
+GPM_NAMES = tuple(GPM_METRICS.values())  # in the order the request asks for them
+_field = object.__getattribute__  # a ctypes field, without pynvml's per-access hook
 # Clock-event reason bits (nvmlClocksEventReason*) a user or admin needs to know about.
 THROTTLE_REASONS = {
     "power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
@@ -69,7 +71,7 @@ XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 
 
-@dataclass
+@dataclass(slots=True)  # one a GPU a poll: slots make it cheaper to build and read
 class Reading:
     """One poll of one GPU; None means not measured (not supported), never zero."""
 
@@ -82,7 +84,8 @@ class Reading:
     # Driver samples since the last poll, (value, seconds each stands for): lossless.
     util_samples: list[tuple[float, float]] | None = None
     mem_util_samples: list[tuple[float, float]] | None = None
-    gpm: dict[str, float] | None = None  # GPM means since the last poll
+    gpm: dict[str, float] | None = None  # GPM means since its last sample (may be polls ago)
+    gpm_s: float = 0.0  # the seconds those means cover
     temp_c: float | None = None
     sm_clock_mhz: float | None = None
     throttle_mask: int | None = None
@@ -142,6 +145,7 @@ class Gpu:
         }
         self.gpm_taken_at = self.clock()
         self.gpm = self._gpm_start()
+        self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
 
     @property
     def is_mig(self) -> bool:
@@ -212,36 +216,47 @@ class Gpu:
         else:
             self.nvml.nvmlGpmSampleGet(self.handle, sample)
 
-    def _gpm_read(self) -> dict[str, float] | None:
+    def _gpm_request(self) -> Any:
+        """The metrics request, made once: NVML writes only each slot's result into it."""
+        nvml = self.nvml
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
+            slot.metricId = metric_id
+        return request
+
+    def _gpm_read(self) -> tuple[dict[str, float] | None, float]:
+        """GPM's means since its last sample, and the seconds they cover."""
         if self.gpm is None:
-            return None
+            return None, 0.0
         now = self.clock()
-        if now - self.gpm_taken_at <= GPM_MIN_INTERVAL_S:
-            return {}  # too close to the last GPM sample for NVML: next poll
+        covers = now - self.gpm_taken_at
+        if covers <= GPM_MIN_INTERVAL_S:
+            return {}, 0.0  # too close to the last GPM sample for NVML: next poll
         self.gpm_taken_at = now
         nvml = self.nvml
         first, second = self.gpm
+        request = self.gpm_request
         try:
             self._gpm_take(second)
-            request = nvml.c_nvmlGpmMetricsGet_t()
-            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(GPM_METRICS)
             request.sample1, request.sample2 = first, second
-            for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
-                slot.metricId = metric_id
             nvml.nvmlGpmMetricsGet(request)
         except nvml.NVMLError_GpuIsLost as exc:
             raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
         except nvml.NVMLError as exc:
             if len(self.errors) < 20:
                 self.errors.append(f"GPM: {exc}")
-            return None
+            return None, 0.0
         self.gpm = [second, first]  # the newest sample starts the next interval
-        return {
-            GPM_METRICS[m.metricId]: float(m.value)
-            for m in request.metrics[: len(GPM_METRICS)]
-            if m.nvmlReturn == 0 and math.isfinite(m.value)
-        }
+        means = {}
+        # The slots in the order asked. Read past pynvml's per-field hook (it only turns
+        # bytes into str): 22 numbers a GPU a poll.
+        for name, slot in zip(GPM_NAMES, request.metrics, strict=False):
+            value = _field(slot, "value")
+            if _field(slot, "nvmlReturn") == NVML_SUCCESS and math.isfinite(value):
+                means[name] = value
+        return means, covers
 
     def _samples(self, kind: int) -> list[tuple[float, float]] | None:
         """Every driver sample since the last call, each weighted by the time it covers."""
@@ -328,11 +343,12 @@ class Gpu:
         memory = self._memory()
         processes = self._call("nvmlDeviceGetComputeRunningProcesses")
         pids = None if processes is None else [(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes]
+        gpm, gpm_s = self._gpm_read()
         if self.is_mig:  # NVML has no utilisation, power or clocks for a MIG instance
             return Reading(
                 time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
                 mem_used_bytes=None if memory is None else float(memory.used),
-                gpm=self._gpm_read(), pids=pids,
+                gpm=gpm, gpm_s=gpm_s, pids=pids,
             )
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES)
         mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
@@ -351,7 +367,8 @@ class Gpu:
             energy_mj=self._call("nvmlDeviceGetTotalEnergyConsumption"),
             util_samples=util_samples,
             mem_util_samples=mem_samples,
-            gpm=self._gpm_read(),
+            gpm=gpm,
+            gpm_s=gpm_s,
             temp_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
             throttle_mask=self._throttle_mask(),

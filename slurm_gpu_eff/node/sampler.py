@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,7 +45,7 @@ class GpuStats:
     def __init__(self, gpu: Gpu, job_id: str = "") -> None:
         self.gpu = gpu
         self.job_id = job_id
-        self.stats: dict[str, Stat] = {}
+        self.stats: defaultdict[str, Stat] = defaultdict(Stat)  # made on first use, in C
         self.util_source: str | None = None
         self.histogram = Histogram()
         self.timeline = Timeline()
@@ -72,30 +73,34 @@ class GpuStats:
         self.jobs_of_pids: dict[int, str | None] = {}
 
     def stat(self, name: str) -> Stat:
-        if name not in self.stats:
-            self.stats[name] = Stat()
         return self.stats[name]
 
     def add(self, reading: Reading, seconds: float) -> None:
+        # Once a GPU a poll: what it costs is the sampler's own overhead (make bench).
         self.samples += 1
         self.seconds += seconds
         util = self._series("util", reading.util_samples, reading.util, seconds, self.histogram)
         self._series("mem_util", reading.mem_util_samples, reading.mem_util, seconds, None)
-        if reading.gpm:
-            for name, figure in reading.gpm.items():
-                self.stat(name).add(figure, seconds)
+        stats = self.stats
+        gpm = reading.gpm
+        if gpm:  # GPM's means cover the time since its last sample, not this poll's
+            for name, figure in gpm.items():
+                stats[name].add(figure, reading.gpm_s)
         mem, power = reading.mem_used_bytes, reading.power_w
-        for name, value in (("mem_used_bytes", mem), ("power_w", power), ("temp_c", reading.temp_c),
-                            ("sm_clock_mhz", reading.sm_clock_mhz)):
-            if value is not None:
-                self.stat(name).add(value, seconds)
+        if mem is not None:
+            stats["mem_used_bytes"].add(mem, seconds)
         if power is not None:
+            stats["power_w"].add(power, seconds)
             self.power_energy_j += power * seconds
+        if reading.temp_c is not None:
+            stats["temp_c"].add(reading.temp_c, seconds)
+        if reading.sm_clock_mhz is not None:
+            stats["sm_clock_mhz"].add(reading.sm_clock_mhz, seconds)
         self._add_energy(reading.energy_mj)
         self._add_state(reading, seconds)
         self._add_sharing(reading, seconds)
         self.timeline.add(
-            reading.time, seconds, util, reading.gpm.get("sm_active") if reading.gpm else None, power,
+            reading.time, seconds, util, gpm.get("sm_active") if gpm else None, power,
             None if mem is None else mem / 1024**3,
         )
         self._add_idle(reading.time, seconds, util)
@@ -130,8 +135,9 @@ class GpuStats:
         if not samples:  # not supported, or no new window since the last poll
             if rate is None:
                 return None
-            self.util_source = self.util_source or ("rates" if name == "util" and samples is None else None)
-            self.stat(name).add(rate, seconds)
+            if self.util_source is None and name == "util" and samples is None:
+                self.util_source = "rates"
+            self.stats[name].add(rate, seconds)
             if histogram is not None:
                 histogram.add(rate, seconds)
             return rate
@@ -286,15 +292,18 @@ class Sampler:
         # so the first stands for nothing: the mean covers [first reading, last reading].
         seconds = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
+        # Every GPU read first, then every reading added: the GPUs are read at one instant,
+        # and each half runs with its code still warm from the GPU before (less CPU a poll).
+        readings = []
         for stats in self.gpus:
             if stats.lost_at is not None:
                 continue
             try:
-                reading = stats.gpu.read(per_process=stats.shared)
+                readings.append((stats, stats.gpu.read(per_process=stats.shared)))
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
-                continue
+        for stats, reading in readings:
             stats.add(reading, seconds)
             if reading.pids and self.binding.wants(stats.gpu.minor, reading.pids):
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
