@@ -230,10 +230,12 @@ def bench_delivery(root: Path, site: StoreSite, nodes: int = 25, per_node: int =
 def run_sampler(
     root: Path, env: dict[str, str], job_id: str, seconds: float,
 ) -> tuple[float, int, int, dict]:
-    """Run a sampler as a child for `seconds`; returns (CPU s, GPU-samples, peak RSS KiB,
-    its summary). The peak is the sampler's own (VmHWM, read before it is stopped): the
-    child's ru_maxrss also counts the RSS of this process, which forked it, however much
-    it has imported by then."""
+    """Run a sampler as a child for `seconds` of polling; returns (CPU s of those seconds,
+    GPU-samples in the whole run, peak RSS KiB, its summary). The CPU is read off the
+    running process (/proc/PID/schedstat, ns) from half a second into its polling to just
+    before it is stopped: its start (imports, binding) and its last checkpoint are not a
+    poll's cost. The peak is the sampler's own (VmHWM): the child's ru_maxrss also counts
+    the RSS of this process, which forked it, however much it has imported by then."""
     job_dir = root / "spool" / "bench" / "jobs" / job_id
     job_dir.mkdir(parents=True)
     child = subprocess.Popen([PYTHON, "-I", "-m", "slurm_gpu_eff.node.sampler", str(job_dir)],
@@ -241,13 +243,21 @@ def run_sampler(
     deadline = time.monotonic() + 30
     while not (job_dir / "summary.json").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
+    time.sleep(0.5)
+    cpu_from = cpu_ns(child.pid)
     time.sleep(seconds)
+    cpu = (cpu_ns(child.pid) - cpu_from) / 1e9
     peak_kib = vm_hwm_kib(child.pid)
     child.send_signal(signal.SIGTERM)
-    _, status, usage = os.wait4(child.pid, 0)
+    child.wait()
     summary = json.loads((job_dir / "summary.json").read_text())
     samples = sum(g["samples"] for g in summary["gpus"])
-    return usage.ru_utime + usage.ru_stime, samples, peak_kib, summary
+    return cpu, samples, peak_kib, summary
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time a process has run, in ns (the scheduler's own count, not clock ticks)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 def vm_hwm_kib(pid: int) -> int:
@@ -553,16 +563,18 @@ def sampler_rows(root: Path, interval: float, seconds: float,
     env = setup(root / "sampler", interval)
     run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
     # Sampler and baseline in turns, medians of `rounds`: on a 2-core machine with the
-    # dev cluster's daemons beside it, one run of each varies by a third.
-    # A run's CPU less a run that stops at once (its start, first and last checkpoints):
-    # the median of those, as one varies by a few ms, a few microseconds a GPU-sample.
-    idle = [run_sampler(root / "sampler", env, f"11{turn}", 0.0) for turn in range(rounds)]
-    idle_cpu = statistics.median(cpu for cpu, _, _, _ in idle)
-    idle_samples = statistics.median(samples for _, samples, _, _ in idle)
+    # dev cluster's daemons beside it, one run of each varies by a fifth.
     per_samples, baselines, ratios = [], [], []
     for turn in range(rounds):
         cpu, samples, rss_kib, summary = run_sampler(root / "sampler", env, f"12{turn}", seconds)
-        per_samples.append((cpu - idle_cpu) / max(1, samples - idle_samples))
+        # The polls in those seconds, from the sampler's fixed cadence, once the whole run
+        # shows it kept to it (a sampler that fell behind would look cheaper than it is).
+        polls = samples / GPUS
+        expected = (summary["sampled_until"] - summary["sampled_from"]) / interval + 1
+        if polls < 0.98 * expected:
+            raise RuntimeError(f"the sampler fell behind its {interval} s interval: "
+                               f"{polls:.0f} polls where {expected:.0f} were due")
+        per_samples.append(cpu / (seconds / interval * GPUS))
         baselines.append(bare_reads_in_child(env, int(seconds / interval) * GPUS, interval))
         ratios.append(per_samples[-1] / baselines[-1])
     per_sample, baseline, ratio = (statistics.median(v) for v in (per_samples, baselines, ratios))

@@ -54,12 +54,40 @@ GPM_METRICS = {
     21: "pcie_rx_mbps", 60: "nvlink_rx_mbps", 61: "nvlink_tx_mbps",
 }
 GPM_NAMES = tuple(GPM_METRICS.values())  # in the order the request asks for them
-_field = object.__getattribute__  # a ctypes field, without pynvml's per-access hook
+# A ctypes field read past pynvml's per-access hook, which only turns bytes into str: the
+# sampler reads ~30 numbers a GPU a poll.
+_field = object.__getattribute__
 # Clock-event reason bits (nvmlClocksEventReason*) a user or admin needs to know about.
 THROTTLE_REASONS = {
     "power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
     "power_brake": 0x80,
 }
+# What a poll reads of a GPU, call by call: figure -> the NVML calls that give it, best
+# first, each (function, its arguments after the handle (a str names a pynvml constant),
+# and the name it is remembered by once a GPU lacks it, if not the function's). Where a
+# driver lacks one the next stands in: v1 memory counts the driver's reserved part as used,
+# TemperatureV is NVML 13's (the other is gone in 14), ClocksThrottleReasons the name
+# before driver 535.
+POLL_READS: dict[str, tuple[tuple[Any, ...], ...]] = {
+    "memory": (("nvmlDeviceGetMemoryInfo", ("nvmlMemory_v2",), "memory_v2"), ("nvmlDeviceGetMemoryInfo", ())),
+    "processes": (("nvmlDeviceGetComputeRunningProcesses", ()),),
+    "power": (("nvmlDeviceGetPowerUsage", ()),),
+    "temp": (("nvmlDeviceGetTemperatureV", ("NVML_TEMPERATURE_GPU",)), ("nvmlDeviceGetTemperature", (0,))),
+    "clock": (("nvmlDeviceGetClockInfo", (1,)),),  # NVML_CLOCK_SM
+    "energy": (("nvmlDeviceGetTotalEnergyConsumption", ()),),
+    "throttle": (("nvmlDeviceGetCurrentClocksEventReasons", ()),
+                 ("nvmlDeviceGetCurrentClocksThrottleReasons", ())),
+    "ecc": (("nvmlDeviceGetTotalEccErrors", (1, 0)),),  # uncorrected, volatile
+}
+MIG_READS = ("memory", "processes")  # NVML has no utilisation, power or clocks for a MIG instance
+# One planned read: (figure, which of its calls, the function's name, its arguments)
+PlannedRead = tuple[str, int, str, tuple[Any, ...]]
+
+
+def _unsupported_key(call: tuple[Any, ...]) -> str:
+    return call[2] if len(call) > 2 else call[0]
+
+
 GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES = 1, 2
 GPM_MIN_INTERVAL_S = 0.1  # NVML wants two GPM samples MORE than 100 ms apart
 NVML_SUCCESS = 0
@@ -119,6 +147,7 @@ class Gpu:
         self.uuid = uuid
         self.clock = clock
         self.parent = parent  # the whole GPU's handle, for a MIG instance
+        self.is_mig = parent is not None
         self.gi_id = gi_id
         self.parent_uuid: str | None = None
         self.mismatches = (
@@ -128,7 +157,12 @@ class Gpu:
         self.unsupported: set[str] = set()
         self.errors: list[str] = []
         self.name = self._call("nvmlDeviceGetName")
-        memory = self._memory()
+        self.plan: list[PlannedRead] = []
+        for figure in (MIG_READS if self.is_mig else POLL_READS):
+            planned = self._plan(figure, 0)
+            if planned is not None:
+                self.plan.append(planned)
+        memory = self._poll_reads([p for p in self.plan if p[0] == "memory"]).get("memory")
         self.memory_total_bytes = None if memory is None else int(memory.total)
         limit = self._call("nvmlDeviceGetEnforcedPowerLimit")
         self.power_limit_w = None if limit is None else limit / 1000.0
@@ -146,10 +180,6 @@ class Gpu:
         self.gpm_taken_at = self.clock()
         self.gpm = self._gpm_start()
         self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
-
-    @property
-    def is_mig(self) -> bool:
-        return self.parent is not None
 
     def _call(
         self, function: str, *args: Any, handle: Any = None, key: str = "", passing: bool = True,
@@ -179,13 +209,48 @@ class Gpu:
                 self.errors.append(f"{function}: {exc}")
             return None
 
-    def _memory(self) -> Any:
-        """Memory with the driver's reserved part apart (v2); v1's `used` counts it, so an
-        idle GPU would look used. v1 only where the driver has no v2."""
-        memory = self._call("nvmlDeviceGetMemoryInfo", self.nvml.nvmlMemory_v2, key="memory_v2")
-        if memory is None and "memory_v2" in self.unsupported:
-            memory = self._call("nvmlDeviceGetMemoryInfo")
-        return memory
+    def _plan(self, figure: str, first: int) -> PlannedRead | None:
+        """The first of a figure's calls, from `first` on, that this GPU is not known to lack."""
+        for choice, call in enumerate(POLL_READS[figure][first:], first):
+            function, args, key = call[0], call[1], _unsupported_key(call)
+            if key in self.unsupported or not hasattr(self.nvml, function):  # a pynvml too old
+                self.unsupported.add(key)
+                continue
+            constants = tuple(getattr(self.nvml, a) if isinstance(a, str) else a for a in args)
+            return figure, choice, function, constants
+        return None
+
+    def _poll_reads(self, plan: list[PlannedRead]) -> dict[str, Any]:
+        """A poll's planned reads: figure -> NVML's answer, absent where it gave none. The
+        calls in one loop, not a function each: this runs ~10 times a GPU a poll."""
+        values = {}
+        nvml, handle = self.nvml, self.handle
+        for planned in plan:
+            try:
+                values[planned[0]] = getattr(nvml, planned[2])(handle, *planned[3])
+            except Exception as exc:  # not only NVMLError: the binding raises plain ones too
+                value = self._read_failed(planned, exc)
+                if value is not None:
+                    values[planned[0]] = value
+        return values
+
+    def _read_failed(self, planned: PlannedRead, exc: Exception) -> Any:
+        """GpuLost when the GPU is gone. A call the GPU does not support, or whose symbol or
+        struct version the driver lacks (a _v3, say), it will lack on the next poll too: the
+        figure's next call takes its place from now on, and answers for this poll. Any other
+        error (timeout, unknown) costs one reading, not the figure: logged, None."""
+        figure, choice, function, _ = planned
+        if isinstance(exc, self.nvml.NVMLError_GpuIsLost):
+            raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
+        if not isinstance(exc, self.mismatches):
+            if len(self.errors) < 20:
+                self.errors.append(f"{function}: {exc}")
+            return None
+        self.unsupported.add(_unsupported_key(POLL_READS[figure][choice]))
+        instead = self._plan(figure, choice + 1)
+        self.plan = [p for p in self.plan if p is not planned] if instead is None else [
+            instead if p is planned else p for p in self.plan]
+        return None if instead is None else self._poll_reads([instead]).get(figure)
 
     def _gpm_start(self) -> Any:
         """Two GPM sample buffers, the first one taken; None where GPM is not there."""
@@ -250,8 +315,6 @@ class Gpu:
             return None, 0.0
         self.gpm = [second, first]  # the newest sample starts the next interval
         means = {}
-        # The slots in the order asked. Read past pynvml's per-field hook (it only turns
-        # bytes into str): 22 numbers a GPU a poll.
         for name, slot in zip(GPM_NAMES, request.metrics, strict=False):
             value = _field(slot, "value")
             if _field(slot, "nvmlReturn") == NVML_SUCCESS and math.isfinite(value):
@@ -340,54 +403,38 @@ class Gpu:
     def read(self, per_process: bool = False) -> Reading:
         """One poll; `per_process` also reads each process's SM utilisation (a shared GPU)."""
         now = self.clock()
-        memory = self._memory()
-        processes = self._call("nvmlDeviceGetComputeRunningProcesses")
+        got = self._poll_reads(self.plan)
+        memory, processes = got.get("memory"), got.get("processes")
+        mem_used = None if memory is None else float(_field(memory, "used"))
         pids = None if processes is None else [(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes]
         gpm, gpm_s = self._gpm_read()
-        if self.is_mig:  # NVML has no utilisation, power or clocks for a MIG instance
-            return Reading(
-                time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
-                mem_used_bytes=None if memory is None else float(memory.used),
-                gpm=gpm, gpm_s=gpm_s, pids=pids,
-            )
+        if self.is_mig:
+            return Reading(time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
+                           mem_used_bytes=mem_used, gpm=gpm, gpm_s=gpm_s, pids=pids)
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES)
         mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
         # No new samples at all (some drivers stop filling the buffer while the GPU idles):
         # the rate stands for this poll, rather than a silent gap.
         rates = self._call("nvmlDeviceGetUtilizationRates") if not util_samples else None
-        power = self._call("nvmlDeviceGetPowerUsage")
-        temp = self._temperature()
-        clock = self._call("nvmlDeviceGetClockInfo", 1)  # NVML_CLOCK_SM
+        power, temp, clock = got.get("power"), got.get("temp"), got.get("clock")
         return Reading(
             time=now,
             util=_latest(util_samples, rates, "gpu"),
             mem_util=_latest(mem_samples, rates, "memory"),
-            mem_used_bytes=None if memory is None else float(memory.used),
+            mem_used_bytes=mem_used,
             power_w=None if power is None else power / 1000.0,
-            energy_mj=self._call("nvmlDeviceGetTotalEnergyConsumption"),
+            energy_mj=got.get("energy"),
             util_samples=util_samples,
             mem_util_samples=mem_samples,
             gpm=gpm,
             gpm_s=gpm_s,
             temp_c=None if temp is None else float(temp),
             sm_clock_mhz=None if clock is None else float(clock),
-            throttle_mask=self._throttle_mask(),
-            ecc_uncorrected=self._call("nvmlDeviceGetTotalEccErrors", 1, 0),  # uncorrected, volatile
+            throttle_mask=got.get("throttle"),
+            ecc_uncorrected=got.get("ecc"),
             pids=pids,
             process_sm=self._process_sm() if per_process else None,
         )
-
-    def _temperature(self) -> Any:
-        temp = self._call("nvmlDeviceGetTemperatureV", self.nvml.NVML_TEMPERATURE_GPU)
-        if temp is None and "nvmlDeviceGetTemperatureV" in self.unsupported:
-            temp = self._call("nvmlDeviceGetTemperature", 0)  # deprecated in NVML 13, gone in 14
-        return temp
-
-    def _throttle_mask(self) -> int | None:
-        mask = self._call("nvmlDeviceGetCurrentClocksEventReasons")
-        if mask is None and "nvmlDeviceGetCurrentClocksEventReasons" in self.unsupported:
-            mask = self._call("nvmlDeviceGetCurrentClocksThrottleReasons")  # drivers before 535
-        return mask
 
     def close(self) -> None:
         self._gpm_free(self.gpm or [])
@@ -407,7 +454,7 @@ def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -
     if samples:
         return samples[-1][0]
     if rates is not None:
-        return float(getattr(rates, field))
+        return float(_field(rates, field))
     return None
 
 

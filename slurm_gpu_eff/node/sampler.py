@@ -168,11 +168,14 @@ class GpuStats:
                 for reason, bit in THROTTLE_REASONS.items():
                     if mask & bit:
                         self.throttle_s[reason] += seconds
-        if reading.ecc_uncorrected is not None:
-            self.ecc_first = reading.ecc_uncorrected if self.ecc_first is None else self.ecc_first
-            self.ecc_last = reading.ecc_uncorrected
-        if reading.pids is not None:
-            self.processes_max = max(self.processes_max or 0, len(reading.pids))
+        ecc = reading.ecc_uncorrected
+        if ecc is not None:
+            if self.ecc_first is None:
+                self.ecc_first = ecc
+            self.ecc_last = ecc
+        pids = reading.pids
+        if pids is not None and (self.processes_max is None or len(pids) > self.processes_max):
+            self.processes_max = len(pids)
 
     MAX_XIDS = 100  # an XID storm over a week must not grow the sampler's memory
 
@@ -183,11 +186,13 @@ class GpuStats:
             self.errors.append(f"more than {self.MAX_XIDS} XID events: later ones not listed")
 
     def job_of(self, pid: int) -> str | None:
-        if pid not in self.jobs_of_pids:
+        try:
+            return self.jobs_of_pids[pid]
+        except KeyError:  # a pid not seen before: once, then from the cache every poll
             if len(self.jobs_of_pids) > 1000:  # bounded: pids come and go over a long job
                 self.jobs_of_pids.clear()
-            self.jobs_of_pids[pid] = job_of_pid(pid)
-        return self.jobs_of_pids[pid]
+            job = self.jobs_of_pids[pid] = job_of_pid(pid)
+            return job
 
     @property
     def shared(self) -> bool:
@@ -198,20 +203,24 @@ class GpuStats:
         (pids that cannot be traced count for neither)."""
         if reading.pids is None:
             return
-        own_mem, others = 0, set()
+        own_mem, others = 0, None
         for pid, used in reading.pids:
             job = self.job_of(pid)
             if job == self.job_id:
                 own_mem += used
             elif job is not None:
+                others = others or set()
                 others.add(f"job {job}" if job else "processes outside any job")
-        self.shared_s = (self.shared_s or 0.0) + (seconds if others else 0.0)
-        self.shared_with |= others
-        if self.shared:
-            self.stat("own_mem_used_bytes").add(own_mem, seconds)
+        if others:
+            self.shared_s = (self.shared_s or 0.0) + seconds
+            self.shared_with |= others
+        elif self.shared_s is None:
+            self.shared_s = 0.0
+        if self.shared_s:
+            self.stats["own_mem_used_bytes"].add(own_mem, seconds)
         if reading.process_sm is not None:
             own = sum(sm for pid, sm in reading.process_sm.items() if self.job_of(pid) == self.job_id)
-            self.stat("own_util").add(own, seconds)
+            self.stats["own_util"].add(own, seconds)
 
     def energy(self) -> tuple[float | None, str | None]:
         if self.energy_last_mj is not None and self.samples > 1:

@@ -6,6 +6,8 @@ import math
 from typing import Any
 
 _isfinite = math.isfinite  # a local name: no module lookup on the hot path
+_BINS, _IDLE_BELOW = 10, 5.0  # the histogram's (module names: cheaper to read per poll)
+_LAST = _BINS - 1
 
 
 class Stat:
@@ -60,16 +62,17 @@ class Stat:
 class Histogram:
     """Seconds spent in each tenth of a percent range (0-10%, ..., 90-100%), plus idle (< 5%)."""
 
-    BINS = 10
-    IDLE_BELOW = 5.0
+    BINS = _BINS
+    IDLE_BELOW = _IDLE_BELOW
 
     def __init__(self) -> None:
         self.seconds = [0.0] * self.BINS
         self.idle_s = 0.0
 
     def add(self, value: float, seconds: float) -> None:
-        self.seconds[min(self.BINS - 1, max(0, int(value // 10)))] += seconds
-        if value < self.IDLE_BELOW:
+        tenth = int(value // 10)  # 100% falls in the last bin, as do the drivers' odd >100
+        self.seconds[_LAST if tenth > _LAST else 0 if tenth < 0 else tenth] += seconds
+        if value < _IDLE_BELOW:
             self.idle_s += seconds
 
     @property
