@@ -101,3 +101,26 @@ def test_the_longest_idle_stretch_of_a_gpu() -> None:
     for t, util in enumerate(utils, start=1):
         track._add_idle(float(t), 1.0, None if util is None else float(util))
     assert track.idle_longest == (6.0, 6.0)  # t=7..12: 6 s (the unmeasured poll in it)
+
+
+def test_gpm_means_count_for_the_time_they_cover_not_the_poll_they_came_with() -> None:
+    """NVML's GPM wants its samples over 100 ms apart, so at a short interval a GPM mean
+    comes every few polls and covers all of them; at a late poll it covers more. Its
+    weight is that time: 80% over 1 s then 20% over 3 s is 35% (by poll, it was 50%)."""
+    from slurm_gpu_eff.node.gpu import Reading
+    from slurm_gpu_eff.node.sampler import GpuStats
+
+    track = GpuStats(gpu=None)  # type: ignore[arg-type]
+
+    def poll(at: float, gpm: dict[str, float] | None, covers: float) -> None:
+        track.add(Reading(time=at, util=50.0, mem_util=None, mem_used_bytes=None, power_w=None,
+                          energy_mj=None, gpm=gpm, gpm_s=covers), 0.05)
+
+    poll(1.00, {"sm_active": 80.0}, 1.0)
+    poll(1.05, {}, 0.0)  # too soon after the last GPM sample: none this poll
+    poll(4.00, {"sm_active": 20.0}, 2.95)
+    poll(4.05, {}, 0.0)
+    sm = track.stats["sm_active"]
+    assert sm.samples == 2 and sm.seconds == pytest.approx(3.95)
+    assert sm.mean == pytest.approx((80 * 1.0 + 20 * 2.95) / 3.95)
+    assert track.stats["util"].seconds == pytest.approx(0.2)  # the poll's own figures: by poll
