@@ -682,6 +682,7 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
     has_samples = supported(nvml, lambda: samples(1)) and supported(nvml, lambda: samples(2))
     has_rates = supported(nvml, rates)
     gpm = gpm_pair(nvml, handle)
+    request = gpm_request(nvml) if gpm is not None else None
     gpm_at = time.time()
     start = time.process_time()
     for _ in range(reads):
@@ -694,7 +695,7 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
         for call in calls:
             call()
         if gpm is not None and time.time() - gpm_at > 0.1:  # the sampler's GPM pairs > 100 ms apart
-            gpm_metrics(nvml, handle, gpm)
+            gpm_metrics(nvml, handle, gpm, request)
             gpm_at = time.time()
     per_poll = (time.process_time() - start) / reads if reads else None
     return per_poll, len(calls) + (2 if has_samples else 0) + (1 if has_rates else 0)
@@ -722,14 +723,20 @@ def gpm_pair(nvml: Any, handle: Any) -> list[Any] | None:
     return pair
 
 
-def gpm_metrics(nvml: Any, handle: Any, pair: list[Any]) -> None:
-    first, second = pair
-    nvml.nvmlGpmSampleGet(handle, second)
+def gpm_request(nvml: Any) -> Any:
+    """The metrics request, made once as the sampler makes it: each read only fills it."""
     request = nvml.c_nvmlGpmMetricsGet_t()
     request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics, request.sample1, request.sample2 = len(GPM_METRIC_IDS), first, second
+    request.numMetrics = len(GPM_METRIC_IDS)
     for slot, metric_id in zip(request.metrics, GPM_METRIC_IDS, strict=False):
         slot.metricId = metric_id
+    return request
+
+
+def gpm_metrics(nvml: Any, handle: Any, pair: list[Any], request: Any) -> None:
+    first, second = pair
+    nvml.nvmlGpmSampleGet(handle, second)
+    request.sample1, request.sample2 = first, second
     nvml.nvmlGpmMetricsGet(request)
     pair.reverse()
 
