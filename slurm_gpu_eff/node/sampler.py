@@ -411,6 +411,8 @@ class Stopper:
         self._read, write = os.pipe()
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write)
+        self._poll = select.poll()  # once a poll: cheaper than select(), which builds fd sets
+        self._poll.register(self._read, select.POLLIN)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
 
@@ -418,10 +420,8 @@ class Stopper:
         self.requested = True
 
     def wait(self, seconds: float) -> None:
-        if seconds > 0 and not self.requested:
-            ready, _, _ = select.select([self._read], [], [], seconds)
-            if ready:
-                os.read(self._read, 512)
+        if seconds > 0 and not self.requested and self._poll.poll(seconds * 1000):
+            os.read(self._read, 512)
 
 
 FIRST_LIVE_S = 10.0
