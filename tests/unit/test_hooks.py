@@ -95,6 +95,23 @@ def test_epilog_stops_the_sampler_and_stores_a_complete_summary(hook_site: Any) 
     assert "posted complete summary (2 GPUs)" in hook_site.log()
 
 
+def test_the_epilog_wakes_a_sampler_waiting_out_a_long_interval(hook_site: Any) -> None:
+    """The sampler waits between polls on a pipe the signal writes to: a SIGTERM ends the
+    wait at once, so the epilog never waits out the interval (here 30 s)."""
+    hook_site.configure(sampler={"interval_s": 30})
+    env = hook_site.export(hook_site.env())
+    assert hooks.main(["prolog"], env) == 0
+    pid = hook_site.sampler_pid()
+    hook_site.wait_for(hook_site.job_dir() / "summary.json")  # polled once, now waiting
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert hooks.main(["epilog"], env) == 0
+    assert time.monotonic() - started < 10  # well inside a poll's wait
+    assert not hook_site.is_running(pid)
+    (summary,) = hook_site.stored()
+    assert summary.status == COMPLETE and all(g.samples == 2 for g in summary.gpus)
+
+
 def test_a_sampler_killed_after_its_checkpoint_gives_partial(hook_site: Any) -> None:
     env = hook_site.export(hook_site.env())
     hooks.main(["prolog"], env)
