@@ -296,10 +296,9 @@ class Gpu:
         if self.gpm is None:
             return None, 0.0
         now = self.clock()
-        covers = now - self.gpm_taken_at
+        covers = now - self.gpm_taken_at  # since the first sample of the pair was taken
         if covers <= GPM_MIN_INTERVAL_S:
             return {}, 0.0  # too close to the last GPM sample for NVML: next poll
-        self.gpm_taken_at = now
         nvml = self.nvml
         first, second = self.gpm
         request = self.gpm_request
@@ -312,7 +311,8 @@ class Gpu:
         except nvml.NVMLError as exc:
             if len(self.errors) < 20:
                 self.errors.append(f"GPM: {exc}")
-            return None, 0.0
+            return None, 0.0  # the pair's first sample stands: the next read covers this poll too
+        self.gpm_taken_at = now
         self.gpm = [second, first]  # the newest sample starts the next interval
         means = {}
         for name, slot in zip(GPM_NAMES, request.metrics, strict=False):

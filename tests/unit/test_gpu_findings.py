@@ -196,6 +196,30 @@ def test_10_gpm_samples_exactly_100_ms_apart_wait_for_the_next_poll(sim_node: An
     assert gpu.errors == []
 
 
+def test_10_a_gpm_read_that_fails_leaves_the_next_covering_the_time_since_the_pair_began(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPM's means cover the time since the first sample of their pair: a read that fails
+    keeps that sample, and the next read counts for all of it."""
+    sim_node.now = 100.0
+    (gpu,) = sim_node.session().bind([0])
+    sim_node.now = 101.0
+    assert gpu.read().gpm_s == pytest.approx(1.0)
+    real = pynvml.nvmlGpmMetricsGet
+
+    def fails_once(request: Any) -> Any:
+        monkeypatch.setattr(pynvml, "nvmlGpmMetricsGet", real)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlGpmMetricsGet", fails_once)
+    sim_node.now = 102.0
+    failed = gpu.read()
+    assert (failed.gpm, failed.gpm_s) == (None, 0.0) and gpu.errors == ["GPM: Unknown Error"]
+    sim_node.now = 103.0
+    recovered = gpu.read()
+    assert recovered.gpm and recovered.gpm_s == pytest.approx(2.0)
+
+
 def test_11_boot_clock_timestamps_keep_samples_and_per_process_figures(sim_node: Any) -> None:
     """Before: per-process utilisation asked with an epoch timestamp that a boot-clock
     driver reads as far in the future, so a shared GPU never showed the job's share."""
