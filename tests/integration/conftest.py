@@ -152,8 +152,11 @@ class Cluster:
         return files[0].read_text() if files else ""
 
     def state(self, job_id: str) -> str:
+        """The state of the job's newest record: a job whose nodes were updated just as it
+        was allocated has a RESIZING record before the run's own."""
         result = self.run(["sacct", "-X", "-n", "-P", "-j", job_id, "--format=State"])
-        return (result.out.split() or ["UNKNOWN"])[0]
+        records = [line.split()[0] for line in result.out.splitlines() if line.strip()]  # "CANCELLED by 0"
+        return (records or ["UNKNOWN"])[-1]
 
     def in_queue(self, job_id: str) -> bool:
         result = self.run(["squeue", "-h", "-j", job_id, "-o", "%T"])
