@@ -70,6 +70,7 @@ class GpuStats:
         self.errors: list[str] = []
         self.shared_s: float | None = None  # time other jobs' processes were on this GPU
         self.shared_with: set[str] = set()
+        self.own_listed = False  # the job's own processes were on the GPU at the last poll
         self.jobs_of_pids: dict[int, str | None] = {}
 
     def stat(self, name: str) -> Stat:
@@ -203,11 +204,12 @@ class GpuStats:
         (pids that cannot be traced count for neither)."""
         if reading.pids is None:
             return
-        own_mem, others = 0, None
+        own_mem, others, listed = 0, None, False
         for pid, used in reading.pids:
             job = self.job_of(pid)
             if job == self.job_id:
                 own_mem += used
+                listed = True
             elif job is not None:
                 others = others or set()
                 others.add(f"job {job}" if job else "processes outside any job")
@@ -218,7 +220,13 @@ class GpuStats:
             self.shared_s = 0.0
         if self.shared_s:
             self.stats["own_mem_used_bytes"].add(own_mem, seconds)
-        if reading.process_sm is not None:
+        # The driver gives each process's SM share of its last period only, and a poll lets
+        # it stand for the time since the poll before. In the poll the job's processes left
+        # the GPU in (always its last: they exit, then the epilog stops us), when they
+        # stopped is unknown: that stretch is left out, not counted as idle.
+        left = self.own_listed and not listed
+        self.own_listed = listed
+        if reading.process_sm is not None and not left:
             own = sum(sm for pid, sm in reading.process_sm.items() if self.job_of(pid) == self.job_id)
             self.stats["own_util"].add(own, seconds)
 

@@ -124,3 +124,31 @@ def test_gpm_means_count_for_the_time_they_cover_not_the_poll_they_came_with() -
     assert sm.samples == 2 and sm.seconds == pytest.approx(3.95)
     assert sm.mean == pytest.approx((80 * 1.0 + 20 * 2.95) / 3.95)
     assert track.stats["util"].seconds == pytest.approx(0.2)  # the poll's own figures: by poll
+
+
+def test_the_poll_the_jobs_processes_left_the_gpu_in_is_not_counted_idle() -> None:
+    """A shared GPU's own share is the driver's last period, standing for the poll's
+    interval. The job's processes exit, then the epilog's last poll finds none: when in
+    that interval they stopped is unknown, so it is left out (it read as idle, and a 12 s
+    job at 50% on a shared GPU read 45%). A poll later with the processes still gone is
+    idle, and so is a poll where they are listed but not busy."""
+    from slurm_gpu_eff.node.gpu import Reading
+    from slurm_gpu_eff.node.sampler import GpuStats
+
+    track = GpuStats(gpu=None, job_id="7")  # type: ignore[arg-type]
+    track.jobs_of_pids.update({100: "7", 1: ""})  # 1: a process outside any job
+
+    def poll(at: float, pids: list[int], own_sm: float | None) -> None:
+        sm = None if own_sm is None else {pid: own_sm if pid == 100 else 30.0 for pid in pids}
+        track.add(Reading(time=at, util=None, mem_util=None, mem_used_bytes=None, power_w=None,
+                          energy_mj=None, pids=[(pid, 0) for pid in pids], process_sm=sm), 1.0)
+
+    poll(1.0, [100, 1], None)  # sharing seen: per-process reads begin at the next poll
+    poll(2.0, [100, 1], 50.0)
+    poll(3.0, [100, 1], 50.0)
+    poll(4.0, [1], 0.0)  # the job's process left during (3, 4]: left out
+    own = track.stats["own_util"]
+    assert (own.mean, own.seconds) == (50.0, 2.0)
+    poll(5.0, [1], 0.0)  # still gone: the job had nothing on the GPU, idle
+    poll(6.0, [100, 1], 0.0)  # back, listed but not busy: idle
+    assert (own.mean, own.seconds) == (pytest.approx(25.0), 4.0)
