@@ -5,6 +5,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 CLUSTER := bash scripts/cluster.sh
 PYTEST  := $(PY) -m pytest -q -p no:cacheprovider
+export PYTEST
 # The dev cluster's store engine for `make cluster` and `make integration`: sqlite or
 # postgresql (a private server under the cluster's directory, scripts/pg.sh).
 STORE   ?= sqlite
@@ -12,6 +13,7 @@ STORE   ?= sqlite
 STANDIN := build/nvml/current/libnvidia-ml.so.1
 # Where `make test` keeps each part's JUnit XML for its closing total
 RESULTS := build/test-results
+TEST_PARTS = $(shell bash scripts/test-pass.sh --parts)
 
 .PHONY: demo test cluster cluster-down cluster-env deps venv lint unit integration bench docs gpu-check
 
@@ -31,7 +33,7 @@ test: venv lint
 	bash scripts/test-pass.sh "" tests || status=1; \
 	{ $(CLUSTER) store postgresql && bash scripts/test-pass.sh cluster_store tests/integration; } || status=1; \
 	$(CLUSTER) store sqlite || status=1; \
-	$(PY) scripts/test-total.py $(RESULTS) $$start $(foreach pass,all cluster_store,$(foreach part,side-by-side serial heavy,$(pass)-$(part))) \
+	$(PY) scripts/test-total.py $(RESULTS) $$start $(foreach pass,all cluster_store,$(foreach part,$(TEST_PARTS),$(pass)-$(part))) \
 	  || status=1; exit $$status
 
 cluster: venv

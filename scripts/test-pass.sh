@@ -10,13 +10,20 @@
 #      they run (its config, its store, its hooks) or count every job of a user.
 # A failing part does not stop the others; the pass fails if any part did.
 # usage: scripts/test-pass.sh MARKEXPR PATH...   (MARKEXPR "" selects every test)
-# With TEST_RESULTS set to a folder, each part writes its JUnit XML there (for the total
-# that `make test` prints at its end: scripts/test-total.py).
+#        scripts/test-pass.sh --parts               (the parts' names, for the total)
+# PYTEST is the Makefile's pytest command (make exports it). With TEST_RESULTS set to a
+# folder, each part writes its JUnit XML there as MARKEXPR-PART.xml (for the total that
+# `make test` prints at its end: scripts/test-total.py).
 set -u
 cd "$(dirname "$0")/.."
+parts=(heavy side-by-side serial)
+if [ "${1:-}" = --parts ]; then
+  echo "${parts[@]}"
+  exit 0
+fi
 select=$1
 shift
-pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+read -r -a pytest <<< "${PYTEST:?the pytest command: run this through make (make test, make integration)}"
 
 marked() {  # the pass's selection and one part's
   if [ -n "$select" ]; then echo "($select) and ($1)"; else echo "$1"; fi
