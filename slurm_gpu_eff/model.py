@@ -70,7 +70,7 @@ class GpuSummary:
     shared_s: float | None = None  # seconds with another job's processes on it (None: unknown)
     shared_with: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None
-    # The longest stretch under 5% utilisation: {"from_s": seconds after the first poll,
+    # The longest stretch under 5% utilisation: {"from_s": seconds after sampling began,
     # "seconds": its length}; None where none was seen (or before this was recorded).
     idle_longest: dict[str, float] | None = None
     # The stretch under 5% the GPU was in when sampled last: {"since": clock time,

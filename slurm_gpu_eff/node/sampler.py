@@ -50,7 +50,7 @@ class GpuStats:
         self.histogram = Histogram()
         self.timeline = Timeline()
         # The longest stretch of polls under the idle line: a mean hides a job that worked
-        # for an hour and then idled for ten minutes. Offsets from the first poll.
+        # for an hour and then idled for ten minutes. Offsets from the window's start.
         self.first_at: float | None = None
         self.idle_from: float | None = None
         self.idle_until: float | None = None  # the open stretch's last idle poll
@@ -298,15 +298,18 @@ class Sampler:
         self.wait_s = config.interval_s / time_scale
         self.started_at = clock()
         self.run_started_at = run_started  # when this run's prolog ran: the run's identity
-        self.sampled_from: float | None = None
+        # The binding is the first look: the driver's samples and GPM's first sample count
+        # from it, so the window does too (the first poll may come a while later on a busy
+        # node: Slurm's and the store's setup run between).
+        self.sampled_from: float | None = min((g.bound_at for g in gpus), default=None)
         self.sampled_until: float | None = None
-        self._last: float | None = None
+        self._last: float | None = self.sampled_from
         self.export_failed = False
 
     def sample_once(self) -> None:
         now = self.clock()
         # A reading stands for the time since the one before (NVML's figures look back),
-        # so the first stands for nothing: the mean covers [first reading, last reading].
+        # the first for the time since binding: the mean covers [binding, last reading].
         seconds = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
         # Every GPU read first, then every reading added: the GPUs are read at one instant,

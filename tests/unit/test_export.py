@@ -57,7 +57,7 @@ def test_a_running_job_s_figures_parse_as_openmetrics(sim_node: Any, tmp_path: P
     assert energy.type == "counter" and energy.samples[0].name == "gpueff_gpu_energy_joules_total"
     assert all(s.value > 0 for s in energy.samples)
     idle = {s.labels["minor"]: s.value for s in found["gpueff_gpu_idle_seconds"].samples}
-    assert idle == {"0": 0.0, "2": 2.0}  # GPU 2 idle since the first poll's second
+    assert idle == {"0": 0.0, "2": 3.0}  # GPU 2 idle since its binding (BOOT + 1000)
     assert "gpueff_gpu_sm_active_ratio" in found and found["gpueff_gpu_sm_active_ratio"].unit == "ratio"
     unexport(config, "4242")
     assert not path.exists()

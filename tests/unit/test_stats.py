@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from slurm_gpu_eff.node.stats import Stat
@@ -152,3 +154,29 @@ def test_the_poll_the_jobs_processes_left_the_gpu_in_is_not_counted_idle() -> No
     poll(5.0, [1], 0.0)  # still gone: the job had nothing on the GPU, idle
     poll(6.0, [100, 1], 0.0)  # back, listed but not busy: idle
     assert (own.mean, own.seconds) == (pytest.approx(25.0), 4.0)
+
+
+def test_the_window_begins_at_binding_where_the_drivers_figures_begin(sim_node: Any) -> None:
+    """The driver's samples and GPM's first sample count from the binding; on a busy node
+    the first poll comes later. Before, the window began at the first poll while util and
+    GPM covered the time since binding: a 12 s job's truth was off by that gap."""
+    from slurm_gpu_eff.config import Config
+    from slurm_gpu_eff.node.jobenv import JobContext
+    from slurm_gpu_eff.node.sampler import Sampler
+
+    from .conftest import BOOT
+
+    sim_node.write_state(0, {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80, "power_w": 400}}}]},
+                         started_at=BOOT + 1000.5)
+    session = sim_node.session()
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([0]),  # BOOT + 1000
+                      clock=session.clock)
+    for t in (1001.5, 1002.5, 1003.5):  # the first poll 1.5 s after binding
+        sim_node.now = BOOT + t
+        sampler.sample_once()
+    assert (sampler.sampled_from, sampler.sampled_until) == (BOOT + 1000.0, BOOT + 1003.5)
+    track = sampler.gpus[0]
+    util, power = track.stats["util"], track.stats["power_w"]
+    assert util.seconds == pytest.approx(3.5, abs=0.2)  # the driver's samples: from binding
+    assert power.seconds == pytest.approx(3.5)  # the first poll's reading stands for 1.5 s
+    assert util.mean == pytest.approx(80 * 3.0 / 3.5, abs=2.0)  # idle until BOOT + 1000.5
