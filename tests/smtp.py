@@ -29,11 +29,12 @@ class Inbox:
         """The messages about a job (Slurm's subject names it)."""
         return [(to, m) for to, m in self.messages if f"Job_id={job_id} " in str(m["Subject"])]
 
-    def wait(self, job_id: str, timeout: float = 120,
-             settle: float = 4) -> list[tuple[list[str], EmailMessage]]:
-        """The job's messages, once one came and `settle` seconds passed with no other."""
+    def wait(self, job_id: str, timeout: float = 120, settle: float = 4,
+             subject: str = "") -> list[tuple[list[str], EmailMessage]]:
+        """The job's messages, `settle` seconds after one came (one with `subject` in its
+        subject, if given): a message that must come is waited for, not slept on."""
         end = time.monotonic() + timeout
-        while time.monotonic() < end and not self.of(job_id):
+        while time.monotonic() < end and not any(subject in str(m["Subject"]) for _, m in self.of(job_id)):
             time.sleep(0.5)
         time.sleep(settle)
         return self.of(job_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -106,10 +107,21 @@ def test_killed_sampler_gives_partial_figures_and_a_healthy_node(cluster: Cluste
     job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
     job_dir = cluster.spool(NODE) / "jobs" / job
-    deadline = time.monotonic() + 30
-    while not (job_dir / "summary.json").exists() and time.monotonic() < deadline:
+
+    def workload_checkpointed() -> float:
+        """Seconds of this job's workload the sampler's last checkpoint holds."""
+        try:
+            summary = json.loads((job_dir / "summary.json").read_text())
+            started = cluster.sim_state(NODE, summary["gpus"][0]["minor"])["started_at"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return 0.0
+        if started < summary["sampled_from"]:
+            return 0.0  # the GPU's last workload, not this job's yet
+        return float(summary["sampled_until"] - started)
+
+    deadline = time.monotonic() + 60
+    while workload_checkpointed() < 3 and time.monotonic() < deadline:  # real load landed
         time.sleep(0.2)
-    time.sleep(4)  # let a checkpoint or two with real load land
     pid = int((job_dir / "sampler.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     killed_at = time.time()

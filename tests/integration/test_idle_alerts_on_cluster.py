@@ -66,7 +66,7 @@ def test_an_idle_gpu_job_is_alerted_once_then_cancelled_and_its_end_mail_says_so
     # cancelled, the reason in sacct
     state = cluster.wait_done(job, timeout=120)
     assert state.startswith("CANCELLED"), state
-    messages = smtp.inbox.wait(job, timeout=90, settle=6)
+    messages = smtp.inbox.wait(job, timeout=90, settle=3, subject=" Ended, ")  # the last to come
     subjects = sorted(str(m["Subject"]) for _, m in messages)
     assert len(messages) == 3, subjects  # the alert, the cancelling, Slurm's end mail with the report
     [cancelled] = [m for _, m in messages if " cancelled: GPU idle for " in str(m["Subject"])]

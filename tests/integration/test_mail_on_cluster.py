@@ -74,9 +74,12 @@ def test_smtp_down_the_message_arrives_once_it_is_back(cluster: Cluster, smtp: S
     smtp.stop()
     try:
         job = cluster.wait_played(gpu_job(cluster, "--mail-type=END"))
-        time.sleep(8)  # the worker made the message and found the server away
-        spooled = cluster.run(["sh", "-c", f"grep -l {shlex.quote('Job_id=' + job + ' ')} "
-                                           f"{cluster.dir}/mail/outbox/*.eml"]).out.split()
+        spooled: list[str] = []
+        end = time.monotonic() + 60
+        while not spooled and time.monotonic() < end:  # the worker makes it a few seconds on
+            time.sleep(1)
+            spooled = cluster.run(["sh", "-c", f"grep -l {shlex.quote('Job_id=' + job + ' ')} "
+                                               f"{cluster.dir}/mail/outbox/*.eml"]).out.split()
         assert len(spooled) == 1, "the message should wait in the spool"
         assert smtp.inbox.of(job) == []
     finally:
