@@ -32,7 +32,7 @@ def test_the_sampler_runs_the_real_pynvml_over_the_stand_in_library(cluster: Clu
     job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
     pid = sampler_pid(cluster, NODE, job)
-    time.sleep(2)  # past nvmlInit
+    bound(cluster, NODE, job)  # past nvmlInit: the GPUs are bound
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert STANDIN in maps
     assert "/pynvml" not in maps  # pynvml is Python: what is mapped is the C library below it
