@@ -222,8 +222,8 @@ class GpuStats:
             self.stats["own_mem_used_bytes"].add(own_mem, seconds)
         # The driver gives each process's SM share of its last period only, and a poll lets
         # it stand for the time since the poll before. In the poll the job's processes left
-        # the GPU in (always its last: they exit, then the epilog stops us), when they
-        # stopped is unknown: that stretch is left out, not counted as idle.
+        # the GPU in (at the latest the last: they exit, then the epilog stops us), when
+        # they stopped is unknown: that stretch is left out, not counted as idle.
         left = self.own_listed and not listed
         self.own_listed = listed
         if reading.process_sm is not None and not left:
