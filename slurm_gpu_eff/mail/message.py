@@ -100,7 +100,7 @@ def report_message(notice: Notice, from_: str, report: JobReport | GroupReport,
     pictures: list[tuple[str, bytes]] = []
     names: list[str | None] = []
     for g in report.gpus:
-        points = _util_points(g)
+        points, _ = g.util_timeline()
         if not points:
             names.append(None)
             continue
@@ -114,13 +114,3 @@ def report_message(notice: Notice, from_: str, report: JobReport | GroupReport,
     for cid, data in pictures:
         html_part.add_related(data, maintype="image", subtype="png", cid=cid, filename="gpu-utilisation.png")
     return message
-
-
-def _util_points(g: object) -> list[float | None]:
-    summary = getattr(g, "summary", None)
-    timeline = getattr(summary, "timeline", None)
-    if not isinstance(timeline, dict) or "util" not in (timeline.get("fields") or []):
-        return []
-    slot = timeline["fields"].index("util")
-    return [pt[slot] if isinstance(pt, list) and len(pt) > slot and isinstance(pt[slot], (int, float))
-            else None for pt in timeline.get("points") or []]

@@ -164,20 +164,10 @@ def _idle_gpus(report: JobReport, p: dict[str, float]) -> list[Hint]:
     return [_hint("idle_gpus", "warning", message, evidence, fix, savings)]
 
 
-def _util_points(g: GpuLine) -> tuple[list[float], float]:
-    """The timeline's utilisation per bucket (unmeasured buckets left out), bucket width."""
-    timeline = g.summary.timeline if g.summary is not None else None
-    if not isinstance(timeline, dict) or "util" not in timeline.get("fields", []):
-        return [], 0.0
-    slot = timeline["fields"].index("util")
-    points = [pt[slot] for pt in timeline.get("points", [])
-              if isinstance(pt, list) and len(pt) > slot and isinstance(pt[slot], (int, float))]
-    return points, float(timeline.get("bucket_s") or 0.0)
-
-
 def _pattern(g: GpuLine, p: dict[str, float]) -> tuple[str, dict[str, float]]:
     """'idle_edges', 'periodic' or 'steady', with the figures that tell."""
-    points, bucket_s = _util_points(g)
+    timeline, bucket_s = g.util_timeline()
+    points = [u for u in timeline if u is not None]  # the measured buckets
     if len(points) >= 5:
         lead = next((i for i, u in enumerate(points) if u >= p["idle_pct"]), len(points))
         trail = next((i for i, u in enumerate(reversed(points)) if u >= p["idle_pct"]), len(points))

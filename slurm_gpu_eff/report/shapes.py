@@ -48,6 +48,17 @@ class GpuLine:
     def idle(self) -> bool:
         return self.util_mean is not None and self.util_mean < IDLE_UTIL
 
+    def util_timeline(self) -> tuple[list[float | None], float]:
+        """The timeline's utilisation per bucket (None where a bucket was not measured), and
+        the buckets' width in seconds; ([], 0.0) where the summary has no timeline."""
+        timeline = self.summary.timeline if self.summary is not None else None
+        if not isinstance(timeline, dict) or "util" not in (timeline.get("fields") or []):
+            return [], 0.0
+        slot = timeline["fields"].index("util")
+        points = [pt[slot] if isinstance(pt, list) and len(pt) > slot and isinstance(pt[slot], (int, float))
+                  else None for pt in timeline.get("points") or []]
+        return points, float(timeline.get("bucket_s") or 0.0)
+
     @property
     def never_used(self) -> bool:
         """No compute process ever ran on it (known only where processes are readable)."""
