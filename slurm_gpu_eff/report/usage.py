@@ -273,7 +273,7 @@ def usage_report(store: Store, query: UsageQuery) -> dict[str, Any]:
     draws (utilisation buckets, days, users, trend)."""
     selection = query.selection
     rows = _grouped(store, selection, query.by)
-    groups = [_finish(g, query) for g in _merge(rows, query.by)]
+    groups = [_finish(g, query) for g in rows]
     everything = _sum(rows)
     if "node" in query.by:  # a job on two nodes is one job in the totals
         everything = _sum(_grouped(store, selection, ()))
@@ -290,9 +290,9 @@ def usage_report(store: Store, query: UsageQuery) -> dict[str, Any]:
     if query.top:
         out["top"] = [_top(row) for row in top_jobs(store, selection, query.top)]
     if query.charts:
-        out["days"] = [_finish(g, query) for g in _merge(_grouped(store, selection, ("day",)), ("day",))]
+        out["days"] = [_finish(g, query) for g in _grouped(store, selection, ("day",))]
         users = groups if query.by == ("user",) else [
-            _finish(g, query) for g in _merge(_grouped(store, selection, ("user",)), ("user",))]
+            _finish(g, query) for g in _grouped(store, selection, ("user",))]
         out["users"] = [{"user": u["user"], "gpu_hours_allocated": u["gpu_hours_allocated"],
                          "efficiency_pct": u["efficiency_pct"]} for u in users]
     if query.trend:
@@ -305,7 +305,7 @@ def trend(store: Store, query: UsageQuery) -> list[dict[str, Any]]:
     got each warning (the runs that ended by it, and those that started after it)."""
     selection = query.selection
     weeks: dict[str, list[dict[str, Any]]] = {}
-    for g in _merge(_grouped(store, selection, ("user", "week")), ("user", "week")):
+    for g in _grouped(store, selection, ("user", "week")):
         done = _finish(g, query)
         weeks.setdefault(done["user"], []).append(
             {"week": done["week"], "jobs": done["jobs"], "gpu_hours_allocated": done["gpu_hours_allocated"],
@@ -331,15 +331,6 @@ def _grouped(store: Store, selection: Selection, by: Sequence[str]) -> list[Row]
     """The store's rows per group, each `mem` as how many runs peaked at each whole percent."""
     return [{**row, "mem": dict(Counter(map(int, (row.get("mem") or "").split())))}
             for row in grouped(store, selection, by)]
-
-
-def _merge(rows: list[dict[str, Any]], by: Sequence[str]) -> list[dict[str, Any]]:
-    """The store's rows summed per group (a group may come in several rows)."""
-    keys = _keys(by)
-    parts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for row in rows:
-        parts.setdefault(tuple(row[k] for k in keys), []).append(row)
-    return [{**dict(zip(keys, group, strict=True)), **_sum(same)} for group, same in parts.items()]
 
 
 def _sum(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -467,7 +458,7 @@ def cluster_median(store: Store, period: Period) -> dict[str, Any]:
     """What a user's totals are set against: the median user's efficiency in the period
     (an aggregate: no user's own figures)."""
     rows = _grouped(store, Selection(period.since, period.until), ("user",))
-    users = [_finish(g, UsageQuery(period)) for g in _merge(rows, ("user",))]
+    users = [_finish(g, UsageQuery(period)) for g in rows]
     values = sorted(u["efficiency_pct"] for u in users if u["efficiency_pct"] is not None)
     median = None
     if values:
