@@ -105,6 +105,8 @@ class Config:
         # How long the report waits for the job's summary and accounting after Slurm's
         # end-of-job mail; then the plain notification goes out, saying why.
         mail_wait_s: float = 300.0,
+        # How many workers make and send messages at once; the rest wait in the spool.
+        mail_workers: int = 8,
         # The report only for jobs of at least this long and this many GPUs.
         mail_min_minutes: float = 0.0,
         mail_min_gpus: int = 1,
@@ -177,6 +179,7 @@ class Config:
         self.mail_retry_max_s = mail_retry_max_s
         self.mail_retry_for_s = mail_retry_for_s
         self.mail_wait_s = mail_wait_s
+        self.mail_workers = mail_workers
         self.mail_min_minutes = mail_min_minutes
         self.mail_min_gpus = mail_min_gpus
         self.mail_footer = mail_footer
@@ -255,6 +258,7 @@ _KEYS = [
     ("mail", "retry_max_s", "mail_retry_max_s", float),
     ("mail", "retry_for_s", "mail_retry_for_s", float),
     ("mail", "wait_s", "mail_wait_s", float),
+    ("mail", "workers", "mail_workers", int),
     ("mail", "min_minutes", "mail_min_minutes", float),
     ("mail", "min_gpus", "mail_min_gpus", int),
     ("mail", "footer", "mail_footer", str),
@@ -350,6 +354,8 @@ def parse_config(text: str, path: str) -> Config:
     # The shims kill a hook at 20 s; the epilog must still have time to post after waiting.
     if not config.hook_timeout_s <= 18:
         raise ConfigError(f"{path}: [hooks] timeout_s must be at most 18 (the shims stop a hook at 20)")
+    if config.mail_workers < 1:
+        raise ConfigError(f"{path}: [mail] workers must be at least 1")
     if not config.stop_wait_s < config.hook_timeout_s:
         raise ConfigError(f"{path}: [sampler] stop_wait_s must be under [hooks] timeout_s")
     if "store_url" in values and "store_path" in values:

@@ -147,6 +147,23 @@ class Outbox:
         os.utime(taken)  # a taken request is old once its taker had time to finish it
         return taken
 
+    def unclaimed(self) -> Path | None:
+        """The oldest request no worker has taken (a request is named by its time)."""
+        waiting = sorted(p for p in self.requests.iterdir()
+                         if p.name.endswith(".json") and not p.name.startswith("."))
+        return waiting[0] if waiting else None
+
+    @contextlib.contextmanager
+    def worker_slot(self, workers: int) -> Iterator[bool]:
+        """True while this process holds one of `workers` slots (each an flock, let go
+        however the process ends); False, at once, when every slot is held."""
+        for slot in range(workers):
+            with held_alone(self.root / f"worker-{slot}.lock") as mine:
+                if mine:
+                    yield True
+                    return
+        yield False
+
     def pending_requests(self, older_than_s: float, now: float) -> list[Path]:
         """Requests a worker should have finished by now (it was killed, or the host
         rebooted), taken or not."""

@@ -85,12 +85,15 @@ def mailprog(args: list[str], env: Mapping[str, str], detach: bool = True) -> in
         return 0
     recipient = ",".join(rcpts)
     try:
-        request = Outbox(config.mail_spool_dir).make().request(subject, recipient, env, time.time())
+        box = Outbox(config.mail_spool_dir).make()
+        request = box.request(subject, recipient, env, time.time())
     except OSError as exc:  # no spool (disk full, unwritable): Slurm's notice at once
         log.error("mail spool %s unusable (%s): sending Slurm's notice directly", config.mail_spool_dir, exc)
         _direct(config, _notice_anyway(subject, recipient, env), f"(gpueff-mail: {exc.strerror})")
         return 0
-    if detach:
+    with box.worker_slot(config.mail_workers) as free:
+        pass  # every slot held: a worker takes the request when done with its own
+    if detach and free:
         try:
             _start_worker(config, request)
         except OSError as exc:  # no process to be had: the notice now, the request stays for --flush
@@ -123,14 +126,31 @@ def _keep(env: Mapping[str, str]) -> dict[str, str]:
 
 def work(request: Path, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
          config: Config | None = None, transport: Transport | None = None) -> int:
-    """One request: made into its message, sent, and retried until sent or given up."""
+    """Slurm's request, then any other no worker took, each made into its message and
+    sent; what the server would not take is retried until sent or given up. At most
+    `[mail] workers` do this at once: a flood of job ends (a partition drained, a
+    reservation's end) must not start a process per job on slurmctld's host. A worker
+    that finds every slot held leaves its request to them."""
     config = config or load_config()
     _logging(config)
     box = Outbox(config.mail_spool_dir).make()
     transport = transport or transport_for(config)
-    taken = box.claim(request)
-    names = _made(box, taken, config, clock, sleep) if taken is not None else []
-    return _send_until_done(box, set(names), config, transport, clock, sleep)
+    made: set[str] = set()
+    next_request: Path | None = request
+    while next_request is not None:
+        with box.worker_slot(config.mail_workers) as mine:
+            if not mine:
+                break  # the workers at it take this request once done with theirs
+            while next_request is not None:
+                taken = box.claim(next_request)
+                if taken is not None:
+                    names = set(_made(box, taken, config, clock, sleep))
+                    _deliver(box, transport, config, clock, only=names)
+                    made |= names
+                next_request = box.unclaimed()
+        # One that came as the slot was let go: its worker found every slot held
+        next_request = box.unclaimed()
+    return _send_until_done(box, made, config, transport, clock, sleep)
 
 
 def _made(box: Outbox, taken: Path, config: Config, clock: Callable[[], float],
@@ -154,9 +174,7 @@ def flush(config: Config | None = None, transport: Transport | None = None,
         taken = box.claim(request)
         if taken is not None:
             _made(box, taken, config, clock, lambda s: None, wait=False)
-    done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
-                       config.mail_retry_for_s)
-    _log_delivery(done)
+    done = _deliver(box, transport, config, clock)
     return 0 if not done.given_up else 1
 
 
@@ -347,11 +365,9 @@ def _notice_anyway(subject: str, recipient: str, env: Mapping[str, str]) -> Noti
 
 def _send_until_done(box: Outbox, names: set[str], config: Config, transport: Transport,
                      clock: Callable[[], float], sleep: Callable[[float], None]) -> int:
-    """Send this worker's message; if the server would not take it, one process (the
+    """Send this worker's messages; if the server would not take them, one process (the
     retrier: whoever holds its lock) tries the whole outbox again until it is empty."""
-    done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
-                       config.mail_retry_for_s, only=names)
-    _log_delivery(done)
+    _deliver(box, transport, config, clock, only=names)
     if not set(names) & set(box.names()):
         return 0
     with box.retrier() as mine:
@@ -360,9 +376,7 @@ def _send_until_done(box: Outbox, names: set[str], config: Config, transport: Tr
         while box.names():
             due = box.next_due()
             sleep(max(1.0, (due if due is not None else clock()) - clock()))
-            done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
-                               config.mail_retry_for_s)
-            _log_delivery(done)
+            _deliver(box, transport, config, clock)
     return 0
 
 
@@ -399,6 +413,15 @@ def transport_for(config: Config, timeout_s: float = 30.0) -> Transport:
         return Sendmail(config.mail_sendmail, timeout_s)
     return Smtp(config.mail_smtp_host, config.mail_smtp_port, config.mail_smtp_security,
                 config.mail_smtp_user, config.mail_smtp_password_file, timeout_s)
+
+
+def _deliver(box: Outbox, transport: Transport, config: Config, clock: Callable[[], float],
+             only: set[str] | None = None) -> Delivered:
+    """Send what is due in the outbox (of `only`, if given), and log what happened."""
+    done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
+                       config.mail_retry_for_s, only=only)
+    _log_delivery(done)
+    return done
 
 
 def _log_delivery(done: Delivered) -> None:

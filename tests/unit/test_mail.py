@@ -480,3 +480,53 @@ def test_help_says_every_mode(capsys: pytest.CaptureFixture[str]) -> None:
     assert prog.main(["--help"], {}) == 0
     out = capsys.readouterr().out
     assert all(mode in out for mode in ("-s SUBJECT RECIPIENT", "--watch", "--idle-check", "--flush"))
+
+
+# -- a flood of job ends: at most [mail] workers at once -------------------------------------
+
+def requests_for(config: Config, *jobs: str) -> list[Path]:
+    box = Outbox(config.mail_spool_dir).make()
+    return [box.request(END_SUBJECT.replace("327", job), "alice", {**ENV, "SLURM_JOB_ID": job}, 1000.0 + i)
+            for i, job in enumerate(jobs)]
+
+
+def test_a_worker_takes_the_requests_no_worker_took_once_done_with_its_own(
+        config: Config, idle_report: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prog, "find_report", lambda n, c: idle_report)
+    first, *others = requests_for(config, "327", "328", "329")
+    server, clock = Recorder(), Clock()
+    assert prog.work(first, clock, clock.sleep, config, server) == 0
+    assert [subject.split()[1] for subject, _ in server.sent] == ["Job_id=327", "Job_id=328", "Job_id=329"]
+    assert not any(r.exists() for r in others) and Outbox(config.mail_spool_dir).names() == []
+
+
+def test_every_slot_held_a_worker_leaves_its_request_to_those_at_it(
+        config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slots are flocks: held here as another worker's would be. Before, every job's
+    end started a process that waited for its report: a thousand at once."""
+    config.mail_workers = 2
+    (request,) = requests_for(config, "327")
+    box, server, clock = Outbox(config.mail_spool_dir), Recorder(), Clock()
+    started: list[Path] = []
+    monkeypatch.setattr(prog, "load_config", lambda path=None: config)
+    monkeypatch.setattr(prog, "_start_worker", lambda c, r: started.append(r))
+    with box.worker_slot(2) as one, box.worker_slot(2) as two:
+        assert one and two
+        with box.worker_slot(2) as third:
+            assert not third
+        assert prog.work(request, clock, clock.sleep, config, server) == 0
+        assert request.exists() and server.sent == []  # left for the workers at it
+        assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV) == 0
+        assert started == []  # no process started only to find the slots held
+    assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV) == 0
+    assert len(started) == 1  # a slot free: a worker
+
+
+def test_a_config_without_mail_workers_is_an_error(tmp_path: Path) -> None:
+    from slurm_gpu_eff.config import load_config
+    from slurm_gpu_eff.errors import ConfigError
+
+    path = tmp_path / "gpueff.toml"
+    path.write_text("[mail]\nworkers = 0\n")
+    with pytest.raises(ConfigError, match=r"\[mail\] workers must be at least 1"):
+        load_config(str(path))
