@@ -104,6 +104,7 @@ def test_job_on_the_second_gpu_is_reported_on_minor_1(cluster: Cluster) -> None:
 
 def test_killed_sampler_gives_partial_figures_and_a_healthy_node(cluster: Cluster) -> None:
     profile = cluster.profile([{"seconds": 16, "gpus": {"*": {"util": 60, "power_w": 300}}}])
+    submitted = time.time()
     job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1")
     cluster.wait_state(job, {"RUNNING"})
     job_dir = cluster.spool(NODE) / "jobs" / job
@@ -115,7 +116,7 @@ def test_killed_sampler_gives_partial_figures_and_a_healthy_node(cluster: Cluste
             started = cluster.sim_state(NODE, summary["gpus"][0]["minor"])["started_at"]
         except (OSError, ValueError, KeyError, IndexError, TypeError):
             return 0.0
-        if started < summary["sampled_from"]:
+        if started < submitted:
             return 0.0  # the GPU's last workload, not this job's yet
         return float(summary["sampled_until"] - started)
 

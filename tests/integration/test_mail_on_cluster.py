@@ -11,7 +11,7 @@ import pytest
 
 from tests.smtp import Server
 
-from .conftest import Cluster
+from .conftest import Cluster, with_settings
 
 pytestmark = [pytest.mark.cluster]
 DOMAIN = "gpueffdev.invalid"
@@ -86,3 +86,19 @@ def test_smtp_down_the_message_arrives_once_it_is_back(cluster: Cluster, smtp: S
         smtp.start()
     messages = smtp.inbox.wait(job, timeout=60, settle=8)
     assert len(messages) == 1 and messages[0][1].is_multipart()
+
+
+@pytest.mark.serial  # the cluster's config, for every job's mail meanwhile
+def test_one_worker_at_most_sends_every_mail_of_jobs_ending_together(cluster: Cluster, smtp: Server) -> None:
+    """[mail] workers = 1: the first job's worker holds the one slot while it waits for its
+    report; the others' MailProgs start none, and it takes their requests after its own."""
+    before = cluster.config_file.read_text()
+    cluster.config_file.write_text(with_settings(before, "mail", {"workers": 1}))
+    try:
+        jobs = [gpu_job(cluster, "--mail-type=END") for _ in range(4)]
+        jobs = [cluster.wait_played(job) for job in jobs]  # a lost launch: the job run again
+        for job in jobs:
+            (to, message), = smtp.inbox.wait(job, timeout=120, settle=0)
+            assert " Ended, " in str(message["Subject"]) and "; GPU efficiency " in str(message["Subject"])
+    finally:
+        cluster.config_file.write_text(before)
