@@ -141,10 +141,12 @@ class Outbox:
         another took it first."""
         taken = request.with_name(f"{request.name.split('.json')[0]}.json.taken{os.getpid()}")
         try:
+            # Made young first: a taken request is old (for flush) once its taker had time
+            # to finish it, and a rename keeps the time it was written.
+            os.utime(request)
             os.rename(request, taken)
         except FileNotFoundError:
             return None
-        os.utime(taken)  # a taken request is old once its taker had time to finish it
         return taken
 
     def unclaimed(self) -> Path | None:
@@ -153,16 +155,19 @@ class Outbox:
                          if p.name.endswith(".json") and not p.name.startswith("."))
         return waiting[0] if waiting else None
 
-    @contextlib.contextmanager
-    def worker_slot(self, workers: int) -> Iterator[bool]:
-        """True while this process holds one of `workers` slots (each an flock, let go
-        however the process ends); False, at once, when every slot is held."""
+    def take_slot(self, workers: int) -> int | None:
+        """An open file holding one of `workers` worker slots (an flock: let go when the
+        file is closed, in every process that has it, however they end); None when every
+        slot is held."""
         for slot in range(workers):
-            with held_alone(self.root / f"worker-{slot}.lock") as mine:
-                if mine:
-                    yield True
-                    return
-        yield False
+            fd = os.open(self.root / f"worker-{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd
+        return None
 
     def pending_requests(self, older_than_s: float, now: float) -> list[Path]:
         """Requests a worker should have finished by now (it was killed, or the host

@@ -49,6 +49,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     if args[:1] == ["--work"] and len(args) == 2:
         return work(Path(args[1]))
+    if args[:1] == ["--work"] and len(args) == 4 and args[2] == "--slot-fd" and args[3].isdigit():
+        return work(Path(args[1]), slot=int(args[3]))
     if args == ["--flush"]:
         return flush()
     if args in (["--help"], ["-h"]):
@@ -91,31 +93,51 @@ def mailprog(args: list[str], env: Mapping[str, str], detach: bool = True) -> in
         log.error("mail spool %s unusable (%s): sending Slurm's notice directly", config.mail_spool_dir, exc)
         _direct(config, _notice_anyway(subject, recipient, env), f"(gpueff-mail: {exc.strerror})")
         return 0
-    with box.worker_slot(config.mail_workers) as free:
-        pass  # every slot held: a worker takes the request when done with its own
-    if detach and free:
+    if detach:
         try:
-            _start_worker(config, request)
-        except OSError as exc:  # no process to be had: the notice now, the request stays for --flush
+            _start_worker_for(config, box, request)
+        except OSError as exc:  # no process to be had: the notice now, unless a worker took it
             log.error("cannot start a mail worker (%s): sending Slurm's notice directly", exc)
-            request.unlink(missing_ok=True)
-            _direct(config, _notice_anyway(subject, recipient, env), "")
+            taken = box.claim(request)
+            if taken is not None:
+                taken.unlink()
+                _direct(config, _notice_anyway(subject, recipient, env), "")
     return 0
 
 
-def _start_worker(config: Config, request: Path) -> None:
+def _start_worker_for(config: Config, box: Outbox, request: Path) -> None:
+    """A worker, holding a slot taken here (so that MailProgs called together do not each
+    start one); none when every slot is held: a worker takes the request once done with
+    its own."""
+    try:
+        slot = box.take_slot(config.mail_workers)
+        if slot is None:
+            return
+    except OSError as exc:  # the slots cannot be read: the worker looks for itself
+        log.warning("mail worker slots in %s: %s", box.root, exc)
+        slot = None
+    try:
+        _start_worker(config, request, slot)
+    finally:
+        if slot is not None:
+            os.close(slot)  # the worker has it now
+
+
+def _start_worker(config: Config, request: Path, slot: int | None) -> None:
     """A process of its own session holding none of slurmctld's pipes: slurmctld sees the
     MailProg end at once. Its stderr goes to the mail log (a worker that cannot start says
-    why there)."""
+    why there). `slot`: an open worker slot it inherits."""
     python = config.python or sys.executable
     try:
         err = os.open(config.mail_log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     except OSError:
         err = os.open(os.devnull, os.O_WRONLY)
     try:
-        subprocess.Popen([python, "-I", "-m", "slurm_gpu_eff.mail.prog", "--work", str(request)],
+        held = [] if slot is None else ["--slot-fd", str(slot)]
+        subprocess.Popen([python, "-I", "-m", "slurm_gpu_eff.mail.prog", "--work", str(request), *held],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                         start_new_session=True, close_fds=True, env=_keep(os.environ))
+                         start_new_session=True, close_fds=True, pass_fds=() if slot is None else (slot,),
+                         env=_keep(os.environ))
     finally:
         os.close(err)
 
@@ -125,12 +147,13 @@ def _keep(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def work(request: Path, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-         config: Config | None = None, transport: Transport | None = None) -> int:
+         config: Config | None = None, transport: Transport | None = None, slot: int | None = None) -> int:
     """Slurm's request, then any other no worker took, each made into its message and
     sent; what the server would not take is retried until sent or given up. At most
     `[mail] workers` do this at once: a flood of job ends (a partition drained, a
-    reservation's end) must not start a process per job on slurmctld's host. A worker
-    that finds every slot held leaves its request to them."""
+    reservation's end) must not start a process per job on slurmctld's host. `slot`: one
+    the MailProg took for it; a worker that finds every slot held leaves its request to
+    the workers at it."""
     config = config or load_config()
     _logging(config)
     box = Outbox(config.mail_spool_dir).make()
@@ -138,9 +161,11 @@ def work(request: Path, clock: Callable[[], float] = time.time, sleep: Callable[
     made: set[str] = set()
     next_request: Path | None = request
     while next_request is not None:
-        with box.worker_slot(config.mail_workers) as mine:
-            if not mine:
+        if slot is None:
+            slot = box.take_slot(config.mail_workers)
+            if slot is None:
                 break  # the workers at it take this request once done with theirs
+        try:
             while next_request is not None:
                 taken = box.claim(next_request)
                 if taken is not None:
@@ -148,6 +173,9 @@ def work(request: Path, clock: Callable[[], float] = time.time, sleep: Callable[
                     _deliver(box, transport, config, clock, only=names)
                     made |= names
                 next_request = box.unclaimed()
+        finally:
+            os.close(slot)
+            slot = None
         # One that came as the slot was let go: its worker found every slot held
         next_request = box.unclaimed()
     return _send_until_done(box, made, config, transport, clock, sleep)
@@ -174,6 +202,13 @@ def flush(config: Config | None = None, transport: Transport | None = None,
         taken = box.claim(request)
         if taken is not None:
             _made(box, taken, config, clock, lambda s: None, wait=False)
+    # Requests no worker took: left to workers that were killed before they looked again
+    waiting = box.unclaimed()
+    if waiting is not None:
+        try:
+            _start_worker_for(config, box, waiting)
+        except OSError as exc:
+            log.error("cannot start a mail worker (%s): the next flush tries again", exc)
     done = _deliver(box, transport, config, clock)
     return 0 if not done.given_up else 1
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import email
 import email.policy
+import fcntl
+import os
 import time
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
@@ -508,18 +510,49 @@ def test_every_slot_held_a_worker_leaves_its_request_to_those_at_it(
     (request,) = requests_for(config, "327")
     box, server, clock = Outbox(config.mail_spool_dir), Recorder(), Clock()
     started: list[Path] = []
+
+    def start(config: Config, request: Path, slot: int | None) -> None:
+        assert slot is not None
+        probe = os.open(box.root / "worker-0.lock", os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # the worker is given the slot, held
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(probe)
+        started.append(request)
+
     monkeypatch.setattr(prog, "load_config", lambda path=None: config)
-    monkeypatch.setattr(prog, "_start_worker", lambda c, r: started.append(r))
-    with box.worker_slot(2) as one, box.worker_slot(2) as two:
-        assert one and two
-        with box.worker_slot(2) as third:
-            assert not third
-        assert prog.work(request, clock, clock.sleep, config, server) == 0
-        assert request.exists() and server.sent == []  # left for the workers at it
-        assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV) == 0
-        assert started == []  # no process started only to find the slots held
+    monkeypatch.setattr(prog, "_start_worker", start)
+    held = [box.take_slot(2), box.take_slot(2)]
+    assert None not in held and box.take_slot(2) is None
+    assert prog.work(request, clock, clock.sleep, config, server) == 0
+    assert request.exists() and server.sent == []  # left for the workers at it
     assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV) == 0
-    assert len(started) == 1  # a slot free: a worker
+    assert started == []  # no process started only to find the slots held
+    os.close(held.pop(0))  # a worker ends
+    assert prog.mailprog(["-s", END_SUBJECT, "alice"], ENV) == 0
+    assert len(started) == 1  # a slot free: a worker, and the slot is let go here once it has it
+    assert box.take_slot(2) is not None
+    os.close(held[0])
+
+
+def test_flush_starts_a_worker_for_requests_no_worker_took(config: Config,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed before it looked again leaves the requests it was to take; the
+    watch service's flush starts one for them, not only once they are old."""
+    (request,) = requests_for(config, "327")
+    started: list[Path] = []
+    monkeypatch.setattr(prog, "_start_worker", lambda c, r, slot: started.append(r))
+    assert prog.flush(config, Recorder(), Clock()) == 0
+    assert started == [request]
+
+
+def test_a_taken_request_is_young_to_flush_until_its_taker_had_time(tmp_path: Path) -> None:
+    """Flush takes requests whose worker should have finished: one just taken is not,
+    however long it waited in the queue (a rename keeps the time it was written)."""
+    box = Outbox(str(tmp_path)).make()
+    request = box.request(END_SUBJECT, "alice", ENV, 1.0)
+    os.utime(request, (1.0, 1.0))
+    taken = box.claim(request)
+    assert taken is not None and box.pending_requests(60, time.time()) == []
 
 
 def test_a_config_without_mail_workers_is_an_error(tmp_path: Path) -> None:
