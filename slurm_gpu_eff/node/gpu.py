@@ -162,7 +162,10 @@ class Gpu:
             planned = self._plan(figure, 0)
             if planned is not None:
                 self.plan.append(planned)
-        memory = self._poll_reads([p for p in self.plan if p[0] == "memory"]).get("memory")
+        at_bind = self._poll_reads([p for p in self.plan if p[0] in ("memory", "energy")])
+        memory = at_bind.get("memory")
+        # The energy counter's start, as the driver's other figures start here too
+        self.energy_at_bind_mj: int | None = at_bind.get("energy")
         self.memory_total_bytes = None if memory is None else int(memory.total)
         limit = self._call("nvmlDeviceGetEnforcedPowerLimit")
         self.power_limit_w = None if limit is None else limit / 1000.0

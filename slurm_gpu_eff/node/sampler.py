@@ -57,8 +57,10 @@ class GpuStats:
         self.idle_longest: tuple[float, float] | None = None  # (from, seconds)
         self.samples = 0
         self.seconds = 0.0
-        self.energy_last_mj: int | None = None  # set once the GPU has an energy counter
+        # The counter at the last reading (at binding, the first): None without a counter
+        self.energy_last_mj: int | None = None if gpu is None else gpu.energy_at_bind_mj
         self.energy_counter_j = 0.0
+        self.energy_counted = False  # the counter's difference taken at least once
         self.power_energy_j = 0.0
         self.throttle_s = dict.fromkeys(THROTTLE_REASONS, 0.0)
         self.throttle_observed_s: float | None = None
@@ -159,6 +161,7 @@ class GpuStats:
             delta = counter_mj - self.energy_last_mj
             # A counter that went backwards was reset (driver reload): count from zero.
             self.energy_counter_j += (delta if delta >= 0 else counter_mj) / 1000.0
+            self.energy_counted = True
         self.energy_last_mj = counter_mj
 
     def _add_state(self, reading: Reading, seconds: float) -> None:
@@ -231,7 +234,7 @@ class GpuStats:
             self.stats["own_util"].add(own, seconds)
 
     def energy(self) -> tuple[float | None, str | None]:
-        if self.energy_last_mj is not None and self.samples > 1:
+        if self.energy_counted:
             return self.energy_counter_j, "counter"
         if "power_w" in self.stats:
             return self.power_energy_j, "power"

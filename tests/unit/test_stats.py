@@ -180,3 +180,5 @@ def test_the_window_begins_at_binding_where_the_drivers_figures_begin(sim_node: 
     assert util.seconds == pytest.approx(3.5, abs=0.2)  # the driver's samples: from binding
     assert power.seconds == pytest.approx(3.5)  # the first poll's reading stands for 1.5 s
     assert util.mean == pytest.approx(80 * 3.0 / 3.5, abs=2.0)  # idle until BOOT + 1000.5
+    # the energy counter from binding too: idle power, then 400 W from BOOT + 1000.5
+    assert track.energy() == (pytest.approx(60 * 0.5 + 400 * 3.0, rel=0.02), "counter")  # idle 60 W
