@@ -148,8 +148,8 @@ def check_hardware(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
 
 
 # Three busy loops on one allocated CPU. How much CPU they get depends on what else the
-# 2-core test machine runs (in CI the stress tests, which took half of it until their
-# scheduler group was put at nice 5: scripts/test-pass.sh), so these two jobs judge
+# 2-core test machine runs (in CI the stress tests, whose nice 19 counts only within their
+# own session: scripts/test-pass.sh), so these two jobs judge
 # "CPU-bound" from 40% (site-tunable; CI saw the firing case miss 50). The loops outlast
 # the workload by about 2 s, keeping the job, and its GPUs, going: the near miss's 75%
 # stays over 50 for 18 s of window.
