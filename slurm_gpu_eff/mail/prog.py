@@ -167,7 +167,11 @@ def work(request: Path, clock: Callable[[], float] = time.time, sleep: Callable[
                 break  # the workers at it take this request once done with theirs
         try:
             while next_request is not None:
-                taken = box.claim(next_request)
+                try:
+                    taken = box.claim(next_request)
+                except OSError as exc:  # it would come back first each time: leave it to flush
+                    log.error("cannot take mail request %s: %s", next_request.name, exc)
+                    return _send_until_done(box, made, config, transport, clock, sleep)
                 if taken is not None:
                     names = set(_made(box, taken, config, clock, sleep))
                     _deliver(box, transport, config, clock, only=names)

@@ -563,3 +563,24 @@ def test_a_config_without_mail_workers_is_an_error(tmp_path: Path) -> None:
     path.write_text("[mail]\nworkers = 0\n")
     with pytest.raises(ConfigError, match=r"\[mail\] workers must be at least 1"):
         load_config(str(path))
+
+
+def test_a_request_that_cannot_be_taken_stops_the_draining_not_the_sending(
+        config: Config, idle_report: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A request the worker cannot rename would come back first at every look: the worker
+    stops draining there, says so, and still sends what it made."""
+    monkeypatch.setattr(prog, "find_report", lambda n, c: idle_report)
+    own, stuck = requests_for(config, "327", "328")
+    claim = Outbox.claim
+
+    def refuse(box: Outbox, request: Path) -> Path | None:
+        if request == stuck:
+            raise PermissionError(13, "Permission denied")
+        return claim(box, request)
+
+    monkeypatch.setattr(Outbox, "claim", refuse)
+    server, clock = Recorder(), Clock()
+    assert prog.work(own, clock, clock.sleep, config, server) == 0
+    assert [subject.split()[1] for subject, _ in server.sent] == ["Job_id=327"]
+    assert stuck.exists() and "cannot take mail request" in caplog.text
