@@ -190,8 +190,7 @@ class Gpu:
         """Call an NVML function: None when this GPU does not support it (remembered under
         `key`, by default the function's name), GpuLost when the GPU is gone. A passing
         error (timeout, unknown) costs one reading, not the metric: logged and read as None,
-        or raised when not `passing`. One function, not two layers: it runs ~10 times a
-        GPU a poll."""
+        or raised when not `passing`. (A poll's fixed reads go through _poll_reads.)"""
         key = key or function
         if key in self.unsupported:
             return None
@@ -199,7 +198,7 @@ class Gpu:
         try:
             return getattr(nvml, function)(self.handle if handle is None else handle, *args)
         except nvml.NVMLError_GpuIsLost as exc:
-            raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
+            raise self._lost() from exc
         except self.mismatches:
             # Not supported here, or the driver lacks the versioned symbol or struct pynvml
             # asks for (a _v3, say): it will lack it on the next poll too, so ask no more.
@@ -208,9 +207,16 @@ class Gpu:
         except Exception as exc:  # not only NVMLError: the binding raises plain ones too
             if not passing:
                 raise
-            if len(self.errors) < 20:
-                self.errors.append(f"{function}: {exc}")
+            self._note(function, exc)
             return None
+
+    def _lost(self) -> GpuLost:
+        return GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost")
+
+    def _note(self, what: str, exc: Exception) -> None:
+        """An error that cost a reading, not the figure: kept for the summary (a few)."""
+        if len(self.errors) < 20:
+            self.errors.append(f"{what}: {exc}")
 
     def _plan(self, figure: str, first: int) -> PlannedRead | None:
         """The first of a figure's calls, from `first` on, that this GPU is not known to lack."""
@@ -244,10 +250,9 @@ class Gpu:
         error (timeout, unknown) costs one reading, not the figure: logged, None."""
         figure, choice, function, _ = planned
         if isinstance(exc, self.nvml.NVMLError_GpuIsLost):
-            raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
+            raise self._lost() from exc
         if not isinstance(exc, self.mismatches):
-            if len(self.errors) < 20:
-                self.errors.append(f"{function}: {exc}")
+            self._note(function, exc)
             return None
         self.unsupported.add(_unsupported_key(POLL_READS[figure][choice]))
         instead = self._plan(figure, choice + 1)
@@ -310,10 +315,9 @@ class Gpu:
             request.sample1, request.sample2 = first, second
             nvml.nvmlGpmMetricsGet(request)
         except nvml.NVMLError_GpuIsLost as exc:
-            raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
+            raise self._lost() from exc
         except nvml.NVMLError as exc:
-            if len(self.errors) < 20:
-                self.errors.append(f"GPM: {exc}")
+            self._note("GPM", exc)
             return None, 0.0  # the pair's first sample stands: the next read covers this poll too
         self.gpm_taken_at = now
         self.gpm = [second, first]  # the newest sample starts the next interval
@@ -335,13 +339,13 @@ class Gpu:
         except nvml.NVMLError_NotFound:
             return []  # nothing newer yet
         except nvml.NVMLError_GpuIsLost as exc:
-            raise GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost") from exc
+            raise self._lost() from exc
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
             self.unsupported.add("nvmlDeviceGetSamples")
             return None
         except nvml.NVMLError as exc:
-            if exc.value != NVML_SUCCESS and len(self.errors) < 20:  # SUCCESS: none new
-                self.errors.append(f"nvmlDeviceGetSamples: {exc}")
+            if exc.value != NVML_SUCCESS:  # SUCCESS: none new
+                self._note("nvmlDeviceGetSamples", exc)
             return []
         # The header promises no order: sort by the driver's timestamp.
         found = sorted((int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples)
