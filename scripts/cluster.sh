@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# A real Slurm 22.05 development cluster on this one machine, with simulated GPUs.
+# A real Slurm development cluster on this one machine, with simulated GPUs, on one of
+# three Slurm releases and either cgroup version.
 #
 #   cluster.sh up       start (or complete) the cluster; idempotent
 #   cluster.sh down     stop every daemon of the cluster and remove its directory
 #   cluster.sh env      print `export` lines: eval "$(scripts/cluster.sh env)"
+#   cluster.sh as USER CMD [ARGS...]
+#                       run CMD as USER (root or a test user) against the running cluster,
+#                       inside its release's root where it has one, with the cluster's
+#                       environment and the project's commands (sbatch, sacct, gpueff,
+#                       gpueff-sim, the release's seff, ...) on PATH
 #   cluster.sh status   which daemons run, the store's engine, and sinfo
 #   cluster.sh store sqlite|postgresql
 #                       switch a running cluster's store engine: the hooks and gpueff
@@ -15,8 +21,14 @@
 # Environment: GPUEFF_CLUSTER_DIR (default /var/tmp/gpueff-cluster),
 # GPUEFF_NODES (default 3: multi-node jobs need more than one), GPUEFF_PORT_BASE (default 16800),
 # GPUEFF_STORE (`up`'s store engine: sqlite, the default, a file under the cluster dir; or
-# postgresql, a private server under $DIR/pg from scripts/pg.sh).
-# Why each setting is what it is: /work/shared/notes/slurm-test-cluster.md.
+# postgresql, a private server under $DIR/pg from scripts/pg.sh),
+# GPUEFF_SLURM (`up`'s release: 22.05, the host's own Debian 12 packages, the default;
+# 24.11 or 26.05, in a Debian root from scripts/slurm-root.sh), GPUEFF_CGROUP (v1, the
+# default on 22.05, or v2, the default on the newer two). The other commands act on the
+# release and cgroup version the cluster was started with (kept in its marker file).
+# The controller runs as sites run it: SlurmUser=slurm.
+# Why each setting is what it is: /work/shared/notes/slurm-test-cluster.md and, for the
+# newer releases and cgroup v2, slurm-newer.md beside it.
 set -euo pipefail
 
 ORIG_PATH=$PATH
@@ -24,18 +36,19 @@ ORIG_PATH=$PATH
 export PATH=/usr/sbin:/sbin:$PATH
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
-VENV_BIN=$REPO/.venv/bin
 STANDIN=$REPO/build/nvml/current/libnvidia-ml.so.1  # the GPUs' "driver" (make builds it)
 DIR=$(realpath -m "${GPUEFF_CLUSTER_DIR:-/var/tmp/gpueff-cluster}")
 NODES=${GPUEFF_NODES:-3}
 PORT_BASE=${GPUEFF_PORT_BASE:-16800}
 CLUSTER=gpueffdev
+SLURM_USER=slurm                    # Debian's packages make this user (uid 64030)
 
 ETC=$DIR/etc
 RUN=$DIR/run
 LOG=$DIR/log
 DB_DIR=$DIR/mysql/data
-MARKER=$DIR/.gpueff-cluster        # `down` removes only a directory `up` made
+MARKER=$DIR/.gpueff-cluster        # `down` removes only a directory `up` made; it holds
+                                   # the cluster's release and cgroup version
 MUNGE_SOCKET=$RUN/munge/munge.socket
 MYSQL_SOCKET=$DIR/mysql/mysqld.sock  # mariadbd runs as mysql: its files in its dir
 MYSQL_PORT=$((PORT_BASE + 6))
@@ -50,9 +63,50 @@ HOST=$(uname -n)
 HOST=${HOST%%.*}                    # what `hostname -s` prints, without needing it
 export SLURM_CONF=$ETC/slurm.conf   # slurmdbd finds slurmdbd.conf beside it
 
+# The release and cgroup version: `up` takes them from GPUEFF_SLURM and GPUEFF_CGROUP,
+# every other command from the marker of the cluster that runs (else the defaults).
+flavour() {
+  local key value
+  [ "${1:-}" = up ] || [ ! -r "$MARKER" ] || while IFS== read -r key value; do
+    case $key in slurm) SLURM_REL=$value ;; cgroup) CGROUP=$value ;; esac
+  done <"$MARKER"
+  SLURM_REL=${SLURM_REL:-${GPUEFF_SLURM:-22.05}}
+  [ "$SLURM_REL" = 22.05 ] && CGROUP=${CGROUP:-${GPUEFF_CGROUP:-v1}} || CGROUP=${CGROUP:-${GPUEFF_CGROUP:-v2}}
+  case $SLURM_REL in
+  22.05) ROOT="" VENV=$REPO/.venv SEFF=$REPO/.peers/seff ;;
+  24.11 | 26.05)
+    ROOT=$(bash "$REPO/scripts/slurm-root.sh" path "$SLURM_REL")
+    # The hooks and jobs run the root's own Python (3.13 or 3.14), so a venv of its own.
+    VENV=$REPO/build/venv-$SLURM_REL SEFF=$REPO/.peers/seff-$SLURM_REL
+    ;;
+  *) die "GPUEFF_SLURM must be 22.05, 24.11 or 26.05, not '$SLURM_REL'" ;;
+  esac
+  [[ $CGROUP =~ ^v[12]$ ]] || die "GPUEFF_CGROUP must be v1 or v2, not '$CGROUP'"
+  [ "$SLURM_REL/$CGROUP" != 22.05/v2 ] || die "cgroup v2 runs on 24.11 and 26.05 here (in their roots), not on the host's 22.05"
+  VENV_BIN=$VENV/bin
+}
+SLURM_REL="" CGROUP="" ROOT="" VENV="" VENV_BIN="" SEFF=""
+# slurmd's view of cgroup v2 on a v1 host (slurm_gpu_eff/sim/cgroup2/unified_only.c)
+PRELOAD=$REPO/build/cgroup2/libunified_only.so
+ROOT_PRELOAD=/usr/local/lib/gpueff/libunified_only.so # where the root has it
+# Each slurmd's cgroup v2 namespace: a directory of the host's unified hierarchy
+CG2_PARENT=/sys/fs/cgroup/unified/gpueff-$(printf '%s' "$DIR" | md5sum | cut -c1-8)
+
+# A Slurm command or daemon of the cluster's release: inside its root where it has one
+# (Slurm's RPCs take clients of the two previous releases only: the host's 22.05 commands
+# cannot talk to a 24.11 controller). chroot starts in /; nothing here needs another cwd.
+slurm() {
+  if [ -n "$ROOT" ]; then
+    chroot "$ROOT" /usr/bin/env SLURM_CONF="$SLURM_CONF" "$@"
+  else
+    "$@"
+  fi
+}
+
 # user:account pairs that get a Slurm association (root's comes with the cluster).
 # carol coordinates physics (alice's account); dave is in the admin group, which reads
-# the store (docs/security.md). Jobs are private (PrivateData=jobs), as on many sites.
+# the store (docs/security.md), as SlurmUser does: the idle watch runs as SlurmUser and
+# reads the store's running rows. Jobs are private (PrivateData=jobs), as on many sites.
 ASSOCIATIONS=(alice:physics bob:chem carol:physics dave:chem)
 COORDINATORS=(carol:physics)
 ADMIN_GROUP=gpueffadm
@@ -142,11 +196,20 @@ prepare_dir() {
   install -d -m 0755 "$DIR" "$ETC" "$RUN" "$LOG" "$DIR/slurm" \
     "$DIR/slurm/ctld" "$DIR/nodes" "$DIR/sim" "$DIR/store" "$DIR/spool"
   install -d -m 1777 "$DIR/sim/state" # jobs of unprivileged users write here
+  # What SlurmUser's processes write: slurmctld's state and pid, slurmdbd's pid, their
+  # logs, and the MailProg's spool and log (it runs as SlurmUser, as the idle watch does).
+  install -d -o "$SLURM_USER" -g "$SLURM_USER" -m 0755 "$DIR/slurm/ctld" "$RUN/slurm"
+  install -d -o "$SLURM_USER" -g "$SLURM_USER" -m 0700 "$DIR/mail"
+  local log
+  for log in slurmctld slurmdbd mail; do
+    [ -e "$LOG/$log.log" ] || install -m 0640 /dev/null "$LOG/$log.log"
+    chown "$SLURM_USER:" "$LOG/$log.log"
+  done
   # One dir per node, writable by all and NOT sticky: a job of bob's must be able to
   # replace (rename over) the state file that a job of alice's left on the same GPU.
   local node
   for node in $(all_nodes); do install -d -m 0777 "$DIR/sim/state/$node"; done
-  touch "$MARKER"
+  printf 'slurm=%s\ncgroup=%s\n' "$SLURM_REL" "$CGROUP" >"$MARKER"
 }
 
 ensure_users() {
@@ -156,7 +219,7 @@ ensure_users() {
     id "$user" >/dev/null 2>&1 || useradd -m "$user"
   done
   getent group "$ADMIN_GROUP" >/dev/null || groupadd "$ADMIN_GROUP"
-  for user in "${ADMINS[@]}"; do
+  for user in "${ADMINS[@]}" "$SLURM_USER"; do
     id -nG "$user" | grep -qw "$ADMIN_GROUP" || usermod -a -G "$ADMIN_GROUP" "$user"
   done
 }
@@ -216,13 +279,14 @@ write_slurm_conf() {
 ClusterName=$CLUSTER
 SlurmctldHost=$HOST
 SlurmctldPort=$CTLD_PORT
-SlurmUser=root
+# As sites run it: slurmctld, slurmdbd, the MailProg and our idle watch as this user.
+SlurmUser=$SLURM_USER
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCKET
 StateSaveLocation=$DIR/slurm/ctld
 SlurmdSpoolDir=$DIR/slurm/d/%n
-SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmctldPidFile=$RUN/slurm/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd-%n.log
@@ -278,13 +342,15 @@ EOF
   } | put_file "$ETC/slurm.conf" 0644 read_at_start
 }
 
+# cgroup v2 here has no memory, cpu or cpuset controller (the host holds them in v1),
+# and no systemd: IgnoreSystemd. 26.05 names job cgroups by SLUID unless
+# CgroupJobIdPaths=yes, which is left unset, as sites leave it.
 write_slurm_side_confs() {
-  put_file "$ETC/cgroup.conf" 0644 read_at_start <<EOF
-CgroupPlugin=cgroup/v1
-ConstrainDevices=yes
-ConstrainCores=no
-ConstrainRAMSpace=no
-EOF
+  {
+    echo "CgroupPlugin=cgroup/$CGROUP"
+    [ "$CGROUP" = v1 ] || echo "IgnoreSystemd=yes"
+    printf '%s\n' ConstrainDevices=yes ConstrainCores=no ConstrainRAMSpace=no
+  } | put_file "$ETC/cgroup.conf" 0644 read_at_start
   {
     node_names | while read -r node; do
       echo "NodeName=$node Name=gpu File=$DIR/nodes/$node/nvidia[0-3]"
@@ -298,9 +364,9 @@ AuthType=auth/munge
 AuthInfo=socket=$MUNGE_SOCKET
 DbdHost=$HOST
 DbdPort=$DBD_PORT
-SlurmUser=root
+SlurmUser=$SLURM_USER
 LogFile=$LOG/slurmdbd.log
-PidFile=$RUN/slurmdbd.pid
+PidFile=$RUN/slurm/slurmdbd.pid
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
 StoragePort=$MYSQL_PORT
@@ -309,6 +375,7 @@ StoragePass=$DB_PASS
 StorageLoc=slurm_acct_db
 PrivateData=jobs
 EOF
+  chown "$SLURM_USER:" "$ETC/slurmdbd.conf" # slurmdbd insists on owning it
 }
 
 # Prolog/epilog wrappers: they point the repo's hooks at this cluster's config.
@@ -322,6 +389,7 @@ write_hook_wrappers() {
 # Generated by scripts/cluster.sh
 export GPUEFF_CONFIG=$ETC/gpueff.toml
 export SLURM_CONF=$SLURM_CONF
+export GPUEFF_PYTHON=$VENV_BIN/python
 [ -x $REPO/$hook/gpueff-$hook ] || exit 0
 exec $REPO/$hook/gpueff-$hook "\$@"
 EOF
@@ -332,7 +400,7 @@ EOF
 # of Slurm's own: no PATH, no config path)
 export GPUEFF_CONFIG=$ETC/gpueff.toml
 export SLURM_CONF=$SLURM_CONF
-exec $REPO/.venv/bin/gpueff-mail "\$@"
+exec $VENV_BIN/gpueff-mail "\$@"
 EOF
 }
 
@@ -471,6 +539,72 @@ write_configs() {
   make_device_nodes
 }
 
+# ---------------------------------------------------------------- a release's root
+
+# What a root shares with the host, at the same paths: the kernel's files, /tmp and the
+# checkout (a file made on the host can be handed to a job), the cluster's directory, and
+# the host's CA bundle (pip). --make-rslave: unmounting these later must not reach back
+# into the host's own mounts. The users are copied, not bound (copy_users).
+ROOT_BINDS=(/dev /sys /tmp /etc/hosts /etc/ssl/certs)
+root_binds() { printf '%s\n' "${ROOT_BINDS[@]}" "$REPO" "$DIR"; }
+
+mount_root() {
+  local path
+  mountpoint -q "$ROOT/proc" || mount -t proc proc "$ROOT/proc" || die "cannot mount /proc in $ROOT"
+  while read -r path; do
+    mountpoint -q "$ROOT$path" && continue
+    if [ -d "$path" ]; then mkdir -p "$ROOT$path"; else touch "$ROOT$path"; fi
+    mount --rbind "$path" "$ROOT$path" && mount --make-rslave "$ROOT$path" ||
+      die "cannot bind $path into $ROOT"
+  done < <(root_binds)
+}
+
+# Deepest first; lazily, so a process that still has a file open there cannot stop it.
+unmount_root() {
+  local target
+  [ -n "$ROOT" ] && [ -d "$ROOT" ] || return 0
+  awk -v root="$ROOT/" 'index($5, root) == 1 { print $5 }' /proc/self/mountinfo | sort -r |
+    while read -r target; do umount -l "$target" 2>/dev/null || true; done
+}
+
+# The release's own venv, made by the root's Python (jobs and hooks run it there).
+ensure_root_venv() {
+  [ -n "$ROOT" ] || return 0
+  [ "$VENV/.installed" -nt "$REPO/pyproject.toml" ] && return 0
+  say "making $VENV with the root's $(chroot "$ROOT" python3 --version)"
+  rm -rf "$VENV"
+  chroot "$ROOT" python3 -m venv "$VENV" &&
+    chroot "$ROOT" /usr/bin/env PIP_CERT=/etc/ssl/certs/ca-certificates.crt HOME=/tmp \
+      "$VENV_BIN/pip" install -q --disable-pip-version-check -e "$REPO[postgres]" >"$LOG/venv.log" 2>&1 &&
+    chroot "$ROOT" "$VENV_BIN/python" -c 'from slurm_gpu_eff.report.render import precompile; precompile()' ||
+    die_with_log "$LOG/venv.log" "could not make $VENV"
+  touch "$VENV/.installed"
+}
+
+ensure_root() {
+  [ -n "$ROOT" ] || return 0
+  bash "$REPO/scripts/slurm-root.sh" build "$SLURM_REL" >/dev/null || die "no root for Slurm $SLURM_REL"
+  mount_root
+  ensure_root_venv
+}
+
+# The same alice, bob and slurm inside the root as out. A copy: useradd replaces
+# /etc/passwd by a rename, which a bind mount of the file would not follow.
+copy_users() {
+  [ -n "$ROOT" ] || return 0
+  cp -p /etc/passwd /etc/group /etc/shadow "$ROOT/etc/"
+}
+
+# Commands for PATH: Slurm's seff of this release as `seff` (run as it is, never copied in)
+write_bin() {
+  install -d -m 0755 "$DIR/bin"
+  put_file "$DIR/bin/seff" 0755 <<EOF
+#!/bin/sh
+# Generated by scripts/cluster.sh: Slurm $SLURM_REL's own seff, the peer of gpueff
+exec perl $SEFF "\$@"
+EOF
+}
+
 # ---------------------------------------------------------------- daemons
 
 # The private PostgreSQL server (idempotent: a running one is left alone).
@@ -561,13 +695,13 @@ GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
 EOF
 }
 
-start_slurmdbd() { rm -f "$RUN/slurmdbd.pid" && slurmdbd; }
-slurmdbd_ok() { timeout 10 sacctmgr -n show cluster >/dev/null 2>&1; }
+start_slurmdbd() { rm -f "$RUN/slurm/slurmdbd.pid" && slurm slurmdbd; }
+slurmdbd_ok() { slurm timeout 10 sacctmgr -n show cluster >/dev/null 2>&1; }
 
 # sacctmgr ARGS, or die with what it said (it reports errors on stdout).
 sacctmgr_or_die() {
   local out
-  out=$(timeout 10 sacctmgr "$@" 2>&1) || die_with_log "$LOG/slurmdbd.log" "sacctmgr $* failed: $out"
+  out=$(slurm timeout 10 sacctmgr "$@" 2>&1) || die_with_log "$LOG/slurmdbd.log" "sacctmgr $* failed: $out"
   echo "$out"
 }
 
@@ -596,15 +730,69 @@ setup_accounts() {
   done
 }
 
-start_slurmctld() { rm -f "$RUN/slurmctld.pid" && slurmctld -f "$SLURM_CONF"; }
-slurmctld_ok() { [[ $(timeout 5 scontrol ping 2>/dev/null) == *"is UP"* ]]; }
+start_slurmctld() { rm -f "$RUN/slurm/slurmctld.pid" && slurm slurmctld -f "$SLURM_CONF"; }
+slurmctld_ok() { [[ $(slurm timeout 5 scontrol ping 2>/dev/null) == *"is UP"* ]]; }
 
-start_slurmd() { rm -f "$RUN/slurmd-$1.pid" && slurmd -f "$SLURM_CONF" -N "$1"; }
+start_slurmd() {
+  rm -f "$RUN/slurmd-$1.pid"
+  if [ "$CGROUP" = v1 ]; then
+    slurm slurmd -f "$SLURM_CONF" -N "$1"
+  else
+    start_slurmd_v2 "$1"
+  fi
+}
+
+# cgroup v2 on a host that mounts v1 (slurm-newer.md, "cgroup v2 here"): slurmd in a
+# cgroup of its own in the host's unified hierarchy, then in a private mount and cgroup
+# namespace rooted there, with a cgroup2 mount at (its root's) /sys/fs/cgroup and the
+# preload that shows it only the "0::" line of /proc/PID/cgroup. The one process goes from
+# sh to unshare to chroot to slurmd by exec, so nothing else is in that cgroup while slurmd
+# empties it (a short-lived process there made slurmd fail: "cannot empty the false root").
+start_slurmd_v2() {
+  mkdir -p "$CG2_PARENT/$1" || return 1
+  setsid -f bash "$REPO/scripts/cluster.sh" _slurmd_v2 enter "$CG2_PARENT/$1" "$1" </dev/null \
+    >>"$LOG/slurmd-$1.log" 2>&1
+}
+
+# The steps of start_slurmd_v2, each ending in exec: `enter CGROUP NODE` moves this
+# process into CGROUP and makes the namespaces; `inside NODE` mounts cgroup2 and starts slurmd.
+slurmd_v2_step() {
+  case $1 in
+  enter)
+    echo $$ >"$2/cgroup.procs"
+    exec unshare -m -C --propagation private bash "$REPO/scripts/cluster.sh" _slurmd_v2 inside "$3"
+    ;;
+  inside)
+    mount -t cgroup2 none "$ROOT/sys/fs/cgroup"
+    exec chroot "$ROOT" /usr/bin/env SLURM_CONF="$SLURM_CONF" slurmd -D -f "$SLURM_CONF" -N "$2"
+    ;;
+  esac
+}
+
+# The view of cgroup v2 that Slurm's cgroup/v2 plugin insists on, for every process of the
+# root while a v2 cluster runs (slurm_gpu_eff/sim/cgroup2/unified_only.c says why). Built on
+# the host, whose glibc is older than the roots': it loads there.
+set_preload() {
+  local src=$REPO/slurm_gpu_eff/sim/cgroup2/unified_only.c
+  [ -n "$ROOT" ] || return 0
+  if [ "$CGROUP" = v1 ]; then
+    rm -f "$ROOT/etc/ld.so.preload"
+    return 0
+  fi
+  if [ ! "$PRELOAD" -nt "$src" ]; then
+    mkdir -p "$(dirname "$PRELOAD")"
+    gcc -shared -fPIC -O2 -Wall -o "$PRELOAD.tmp" "$src" -ldl && mv -f "$PRELOAD.tmp" "$PRELOAD" ||
+      die "could not build $PRELOAD"
+  fi
+  install -D -m 0644 "$PRELOAD" "$ROOT$ROOT_PRELOAD"
+  echo "$ROOT_PRELOAD" >"$ROOT/etc/ld.so.preload"
+}
 
 # gpueff-mail's service (as a site runs it beside slurmctld, as SlurmUser): the idle-GPU
 # check (off in this configuration; tests turn it on) and the mail spool's retries.
 start_mailwatch() {
-  setsid -f env -i GPUEFF_CONFIG="$ETC/gpueff.toml" SLURM_CONF="$SLURM_CONF" PATH="$ORIG_PATH" \
+  setsid -f $([ -z "$ROOT" ] || echo chroot "$ROOT") runuser -u "$SLURM_USER" -- \
+    env -i GPUEFF_CONFIG="$ETC/gpueff.toml" SLURM_CONF="$SLURM_CONF" PATH=/usr/bin:/bin \
     "$VENV_BIN/python" -I -m slurm_gpu_eff.mail.prog "$1" </dev/null
 }
 mailwatch_ok() { [ -n "$(cluster_pids python "$1")" ]; }
@@ -620,28 +808,43 @@ declare -A RESUMED=()
 # run (a failed prolog, a killed slurmd) is resumed once, and said so.
 node_ok() {
   local node=$1 state
-  state=$(timeout 5 sinfo -h -N -n "$node" -o %T 2>/dev/null) || return 1
+  state=$(slurm timeout 5 sinfo -h -N -n "$node" -o %T 2>/dev/null) || return 1
   case $state in
   idle | mixed | allocated | completing) return 0 ;;
   drain* | down)
     if [ -z "${RESUMED[$node]:-}" ]; then
       RESUMED[$node]=1
-      say "$node was $state ($(sinfo -h -N -n "$node" -o %E)); resuming it" >&2
-      scontrol update nodename="$node" state=resume >&2 || true
+      say "$node was $state ($(slurm sinfo -h -N -n "$node" -o %E)); resuming it" >&2
+      slurm scontrol update nodename="$node" state=resume >&2 || true
     fi
     ;;
   esac
   return 1
 }
 
+# A cluster's directory holds one release's state (slurmctld's, the accounting
+# database's): another release or cgroup version needs a new one.
+check_flavour() {
+  local made
+  [ -r "$MARKER" ] || return 0
+  made=$(paste -sd' ' "$MARKER")
+  [ -z "$made" ] || [ "$made" = "slurm=$SLURM_REL cgroup=$CGROUP" ] ||
+    die "the cluster under $DIR was made with $made, not slurm=$SLURM_REL cgroup=$CGROUP: run '$0 down' first"
+}
+
 cmd_up() {
   local start=$SECONDS node
   require_root
-  check_settings
+  check_flavour
   prepare_dir
+  ensure_root
+  check_settings
+  set_preload
   ensure_users
+  copy_users
   [ "$STORE" != postgresql ] || ensure_pg
   write_configs
+  write_bin
   check_user_access
   ensure munged "$LOG/munged.log" 10 munge_ok start_munged munged
   ensure mysqld "$LOG/mysqld.log" 60 mysql_ok start_mysqld "$(basename "$(mysqld_bin)")"
@@ -655,7 +858,8 @@ cmd_up() {
   # started anew each time: a long-lived Python process keeps the code it started with
   stop_mailwatch
   ensure "gpueff-mail --watch" "$LOG/mail.log" 10 mailwatch_ok start_mailwatch python --watch
-  say "up in $((SECONDS - start)) s: $NODES node(s) under $DIR, store $STORE; use it with: eval \"\$($0 env)\""
+  say "up in $((SECONDS - start)) s: Slurm $SLURM_REL on cgroup $CGROUP, $NODES node(s) under $DIR, store $STORE"
+  say "use it with: $0 as USER COMMAND...$([ -n "$ROOT" ] || echo " (or eval \"\$($0 env)\")")"
 }
 
 # ---------------------------------------------------------------- down, env, status
@@ -664,13 +868,13 @@ cmd_up() {
 cancel_jobs() {
   local jobs
   [ -n "$(cluster_pids slurmctld)" ] || return 0
-  jobs=$(timeout 5 squeue -h -o %A 2>/dev/null) || return 0
+  jobs=$(slurm timeout 5 squeue -h -o %A 2>/dev/null) || return 0
   [ -n "$jobs" ] || return 0
   say "cancelling jobs: $(echo $jobs)"
-  scancel $jobs || true
+  slurm scancel $jobs || true
   wait_until 15 no_jobs || say "jobs still listed after 15 s; stopping anyway"
 }
-no_jobs() { [ -z "$(timeout 5 squeue -h -o %A 2>/dev/null)" ]; }
+no_jobs() { [ -z "$(slurm timeout 5 squeue -h -o %A 2>/dev/null)" ]; }
 no_procs() { [ -z "$(cluster_pids "$1")" ]; }
 
 # TERM, a bounded wait (MariaDB flushes), then KILL what is left.
@@ -711,6 +915,13 @@ stop_helpers() {
   say "stopped our helpers (pid $(echo $pids | tr ' ' ,))"
 }
 
+# The cgroup v2 trees of start_slurmd_v2, deepest first (a cgroup goes with rmdir only).
+remove_cgroups() {
+  [ -d "$CG2_PARENT" ] || return 0
+  find "$CG2_PARENT" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  [ ! -d "$CG2_PARENT" ] || say "left $CG2_PARENT (still in use?)"
+}
+
 cmd_down() {
   local name out
   require_root
@@ -727,6 +938,9 @@ cmd_down() {
   fi
   stop_procs postgres # what pg.sh could not stop (its data dir is on the command line)
   stop_helpers
+  unmount_root
+  [ -z "$ROOT" ] || rm -f "$ROOT/etc/ld.so.preload"
+  remove_cgroups
   if [ -e "$MARKER" ]; then
     rm -rf "$DIR"
     say "removed $DIR"
@@ -743,7 +957,29 @@ cmd_env() {
   path=${path#:}
   path=${path%:}
   printf 'export %s=%q\n' SLURM_CONF "$SLURM_CONF" GPUEFF_CONFIG "$ETC/gpueff.toml" \
-    GPUEFF_CLUSTER_DIR "$DIR" PATH "$VENV_BIN${path:+:$path}"
+    GPUEFF_CLUSTER_DIR "$DIR" GPUEFF_SLURM "$SLURM_REL" GPUEFF_CGROUP "$CGROUP" \
+    GPUEFF_SLURM_ROOT "$ROOT" GPUEFF_VENV "$VENV" PATH "$VENV_BIN${path:+:$path}"
+}
+
+# USER runs COMMAND in the cluster's world: the release's root where it has one, cwd kept
+# (the host's /tmp, the checkout and the cluster's directory are at the same paths there),
+# the caller's environment plus the cluster's, and a PATH of the release's commands.
+cmd_as() {
+  local user=$1
+  shift
+  [ $# -gt 0 ] || { echo "usage: $0 as USER COMMAND [ARGS...]" >&2; exit 2; }
+  [ -e "$MARKER" ] || die "no cluster under $DIR: run '$0 up' first"
+  local -a env=(SLURM_CONF="$SLURM_CONF" GPUEFF_CONFIG="$ETC/gpueff.toml" GPUEFF_CLUSTER_DIR="$DIR"
+    PATH="$VENV_BIN:$DIR/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+  local -a who=()
+  [ "$user" = root ] || [ "$user" = "$(id -un)" ] || who=(runuser -u "$user" --)
+  if [ -z "$ROOT" ]; then
+    exec "${who[@]}" env "${env[@]}" "$@"
+  fi
+  [ "$(id -u)" -eq 0 ] || die "entering Slurm $SLURM_REL's root needs root (then: $0 as $user ...)"
+  # shellcheck disable=SC2016 # for the inner shell
+  exec chroot "$ROOT" /bin/sh -c 'cd "$1" 2>/dev/null || cd /; shift; exec "$@"' sh "$PWD" \
+    "${who[@]}" /usr/bin/env "${env[@]}" "$@"
 }
 
 cmd_status() {
@@ -759,7 +995,7 @@ cmd_status() {
   fi
   printf '%-10s %s\n' store "$(sed -n '/^\[store\]/,/^\[/{/^[a-z_]* *=/p}' "$ETC/gpueff.toml" 2>/dev/null | paste -sd' ')"
   if slurmctld_ok; then
-    timeout 10 sinfo -N -l
+    slurm timeout 10 sinfo -N -l
   else
     echo "slurmctld does not answer: no sinfo"
   fi
@@ -782,7 +1018,14 @@ cmd_store() {
 }
 
 main() {
+  flavour "${1:-}"
   case ${1:-} in
+  as)
+    shift
+    [ $# -ge 2 ] || { echo "usage: $0 as USER COMMAND [ARGS...]" >&2; exit 2; }
+    cmd_as "$@"
+    ;;
+  _slurmd_v2) shift && slurmd_v2_step "$@" ;;
   up) cmd_up ;;
   down) cmd_down ;;
   env) cmd_env ;;
@@ -792,7 +1035,7 @@ main() {
     cmd_store "$2"
     ;;
   *)
-    echo "usage: $0 up|down|env|status|store sqlite|postgresql" >&2
+    echo "usage: $0 up|down|env|status|as USER CMD...|store sqlite|postgresql" >&2
     exit 2
     ;;
   esac
