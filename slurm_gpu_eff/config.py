@@ -34,6 +34,9 @@ class Config:
         gpu_library: str = "",
         # The driver's MIG capability table: Slurm names a MIG slice by its capability file.
         mig_minors: str = "/proc/driver/nvidia-caps/mig-minors",
+        # The node's GPU map: `slurmd -G`'s answer, kept by root (the sampler) so that no job
+        # asks slurmd again (on 24.11+ each ask disturbs every running job of the node).
+        gpu_map_file: str = "/var/lib/slurm-gpu-eff/gpu-map-%n.json",
         sim_devices: str = "",
         sim_state_dir: str = "",
         sim_time_scale: float = 1.0,  # simulated seconds per wall-clock second
@@ -133,6 +136,7 @@ class Config:
         self.path = path
         self.gpu_library = gpu_library
         self.mig_minors = mig_minors
+        self.gpu_map_file = gpu_map_file
         self.sim_devices = sim_devices
         self.sim_state_dir = sim_state_dir
         self.sim_time_scale = sim_time_scale
@@ -205,6 +209,9 @@ class Config:
     def mig_minors_for(self, node: str) -> str:
         return expand(self.mig_minors, node)
 
+    def gpu_map_for(self, node: str) -> str:
+        return expand(self.gpu_map_file, node)
+
 
 def expand(template: str, node: str) -> str:
     return template.replace("%n", node or "unknown")
@@ -214,6 +221,7 @@ def expand(template: str, node: str) -> str:
 _KEYS = [
     ("gpu", "library", "gpu_library", str),
     ("gpu", "mig_minors", "mig_minors", str),
+    ("gpu", "map_file", "gpu_map_file", str),
     ("sim", "devices", "sim_devices", str),
     ("sim", "state_dir", "sim_state_dir", str),
     ("sim", "time_scale", "sim_time_scale", float),

@@ -26,7 +26,7 @@ from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, GpuLost
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
 from . import export
-from .binding import gres_gpu_minors
+from .binding import gpu_minors
 from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
 from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
 from .log import HookLog
@@ -617,7 +617,10 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
     sampler: Sampler | None = None
     try:
         session = GpuSession(config)
-        minors = gres_gpu_minors(job.node, config.slurmd, config.mig_minors_for(job.node))
+        # The node's GPU map, renewed here (as root) only when slurmd or its config changed:
+        # slurmd -G per job would disturb every other job of the node (Slurm 24.11+). GPUs
+        # slurmd lists without device files raise BindingError: "cannot sample", below.
+        minors = gpu_minors(job.node, config, warn=log.write)
         if not minors:  # never silent: on a node whose gres order is not the minors', wrong GPUs
             log.write(f"'{config.slurmd} -G' gave no GPU list ([slurm] slurmd): Slurm's GPU "
                       "indexes are taken as device minors, right only where gres.conf lists "

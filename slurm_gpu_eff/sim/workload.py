@@ -14,15 +14,24 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import Config, driver_clock
 from ..errors import GpuEffError
-from ..node.binding import gres_gpu_minors
+from ..node.binding import gpu_minors
 from ..node.jobenv import parse_job_gpus
 from .profile import Profile, ProfileError, parse_profile
+
+# How long the workload (the job's user) waits for root's sampler, started by the prolog
+# as the job starts, to write the node's GPU map before it asks slurmd itself.
+MAP_WAIT_S = 10.0
+
+
+def _say(message: str) -> None:
+    print(f"gpueff-sim: {message}", file=sys.stderr)
 
 
 def load_profile(path: str) -> Profile:
@@ -181,7 +190,7 @@ def run(
     profile = load_profile(profile_path)
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     publisher = Publisher(config, node, env.get("SLURM_JOB_ID", ""))
-    slurm_map = gres_gpu_minors(node, config.slurmd, config.mig_minors_for(node))
+    slurm_map = gpu_minors(node, config, MAP_WAIT_S, _say)
     minors = job_minors(env, slurm_map, publisher.devices)
     stop = {"now": False}
 

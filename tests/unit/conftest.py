@@ -229,7 +229,7 @@ class SimNode:
 
 def write_sim_config(root: Path, lib_path: str) -> Path:
     return write_config(root / "gpueff.toml", {
-        "gpu": {"library": lib_path},
+        "gpu": {"library": lib_path, "map_file": str(root / "gpu-map-%n.json")},
         "sim": {"devices": str(root / "devices.json"), "state_dir": str(root / "state")},
     })
 
@@ -368,7 +368,8 @@ def write_site_config(root: Path, **sections: dict[str, Any]) -> Path:
     """A gpueff.toml for the sim backend, everything under root; sections override keys
     (values as TOML types: numbers as numbers, str for strings, bool for true/false)."""
     values: dict[str, dict[str, Any]] = {
-        "gpu": {"library": standin.library_path()},
+        # The GPU map here, never the host's /var/lib (the sampler runs as root in tests too).
+        "gpu": {"library": standin.library_path(), "map_file": str(root / "gpu-map-%n.json")},
         "sim": {"devices": str(root / "devices.json"), "state_dir": str(root / "state")},
         "sampler": {"interval_s": 0.2, "checkpoint_s": 0.5},
         "hooks": {"python": sys.executable, "timeout_s": 10},
