@@ -19,8 +19,8 @@ export PATH=/usr/sbin:/sbin:$PATH
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 ROOTS=${GPUEFF_ROOTS:-/var/cache/gpueff/roots}
 # What a root needs inside: Slurm (daemons, commands), its Perl API for seff, Python.
-PACKAGES=(slurm-wlm slurmd slurmctld slurmdbd slurm-client munge libslurmdb-perl
-  python3 python3-venv ca-certificates procps util-linux)
+PACKAGES=(slurm-wlm slurmd slurmctld slurmdbd slurm-client munge libslurm-perl libslurmdb-perl
+  perl python3 python3-venv ca-certificates procps util-linux)
 
 say() { printf 'slurm-root: %s\n' "$*" >&2; }
 die() { printf 'slurm-root: error: %s\n' "$*" >&2; exit 1; }
