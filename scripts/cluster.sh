@@ -426,6 +426,7 @@ write_gpueff_toml() {
 [gpu]
 library = "$STANDIN"
 mig_minors = "$DIR/nodes/%n/mig-minors"
+map_file = "$DIR/nodes/%n/gpu-map.json"
 [sim]
 devices = "$DIR/sim/devices.json"
 state_dir = "$DIR/sim/state"
@@ -788,6 +789,28 @@ set_preload() {
   echo "$ROOT_PRELOAD" >"$ROOT/etc/ld.so.preload"
 }
 
+# Each node's GPU map (Slurm's GPU indexes -> device files), made once as root, as a site's
+# slurmd start-up would: no job's sampler then asks slurmd (on 24.11 `slurmd -G` sends every
+# running step a reconfigure request).
+make_gpu_maps() {
+  local node
+  for node in $(all_nodes); do
+    on_node "$node" /usr/bin/env SLURM_CONF="$SLURM_CONF" GPUEFF_CONFIG="$ETC/gpueff.toml" "$VENV_BIN/python" -I -m slurm_gpu_eff.node.binding \
+      --refresh "$node" >>"$LOG/gpu-map.log" 2>&1 || die_with_log "$LOG/gpu-map.log" "no GPU map for $node"
+  done
+}
+
+# CMD where NODE's slurmd runs: on cgroup v2, inside its namespaces (slurmd -G sets up
+# Slurm's cgroup plugin, which needs the cgroup2 mount only they have).
+on_node() {
+  local node=$1 pid
+  shift
+  [ "$CGROUP" = v2 ] || { slurm "$@"; return; }
+  pid=$(cluster_pids slurmd "$node" | head -n 1)
+  [ -n "$pid" ] || { echo "no slurmd for $node" >&2; return 1; }
+  nsenter -t "$pid" -m -C -r "$@"
+}
+
 # gpueff-mail's service (as a site runs it beside slurmctld, as SlurmUser): the idle-GPU
 # check (off in this configuration; tests turn it on) and the mail spool's retries.
 start_mailwatch() {
@@ -855,6 +878,7 @@ cmd_up() {
   for node in $(all_nodes); do
     ensure "slurmd $node" "$LOG/slurmd-$node.log" 30 node_ok start_slurmd slurmd "$node"
   done
+  make_gpu_maps
   # started anew each time: a long-lived Python process keeps the code it started with
   stop_mailwatch
   ensure "gpueff-mail --watch" "$LOG/mail.log" 10 mailwatch_ok start_mailwatch python --watch
@@ -969,7 +993,8 @@ cmd_as() {
   shift
   [ $# -gt 0 ] || { echo "usage: $0 as USER COMMAND [ARGS...]" >&2; exit 2; }
   [ -e "$MARKER" ] || die "no cluster under $DIR: run '$0 up' first"
-  local -a env=(SLURM_CONF="$SLURM_CONF" GPUEFF_CONFIG="$ETC/gpueff.toml" GPUEFF_CLUSTER_DIR="$DIR"
+  # A config the caller names (a test's own site) is kept; the cluster's otherwise.
+  local -a env=(SLURM_CONF="$SLURM_CONF" GPUEFF_CONFIG="${GPUEFF_CONFIG:-$ETC/gpueff.toml}" GPUEFF_CLUSTER_DIR="$DIR"
     PATH="$VENV_BIN:$DIR/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
   local -a who=()
   [ "$user" = root ] || [ "$user" = "$(id -un)" ] || who=(runuser -u "$user" --)

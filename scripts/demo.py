@@ -32,10 +32,15 @@ def cluster_env() -> dict[str, str]:
     return dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
 
 
+def in_cluster(user: str, *command: str) -> list[str]:
+    """COMMAND run as USER (root or a test user) against the running cluster, in its
+    release's root where it has one: `scripts/cluster.sh as`, the one way in."""
+    return ["bash", str(REPO / "scripts" / "cluster.sh"), "as", user, *command]
+
+
 def as_user(user: str, env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
-    keep = [f"{k}={env[k]}" for k in ("SLURM_CONF", "GPUEFF_CONFIG", "PATH")]
-    return subprocess.run(["runuser", "-u", user, "--", "env", *keep, *command],
-                          capture_output=True, text=True, env=env, check=False)
+    return subprocess.run(in_cluster(user, *command), capture_output=True, text=True, env=env,
+                          check=False)
 
 
 def settle(user: str, env: dict[str, str], job_id: str, timeout: float = 30) -> None:
@@ -59,7 +64,7 @@ def main() -> int:
     work = Path(env["GPUEFF_CLUSTER_DIR"]) / "demo"
     work.mkdir(exist_ok=True)
     work.chmod(0o1777)
-    sim = REPO / ".venv" / "bin" / "gpueff-sim"
+    sim = Path(env["GPUEFF_VENV"]) / "bin" / "gpueff-sim"  # the release's own venv
     submitted = []
     for user, profile, options, what in JOBS:
         copy = work / profile
@@ -78,8 +83,7 @@ def main() -> int:
     deadline = time.monotonic() + 300
     ids = ",".join(j for _, j, _ in submitted)
     while time.monotonic() < deadline:
-        queue = subprocess.run(["squeue", "-h", "-j", ids], capture_output=True, text=True,
-                               env=env, check=False)
+        queue = as_user("root", env, "squeue", "-h", "-j", ids)
         if not queue.stdout.strip():
             break
         time.sleep(2)
@@ -88,7 +92,8 @@ def main() -> int:
         print(f"\n===== gpueff {job_id}  ({what}, run as {user}) =====", flush=True)
         report = as_user(user, env, "gpueff", job_id)
         print(report.stdout or report.stderr, end="", flush=True)
-    print(f"\nTry it yourself: eval \"$(make -s cluster-env)\"; gpueff {submitted[0][1]} --json")
+    print(f"\nTry it yourself: scripts/cluster.sh as {submitted[0][0]} gpueff {submitted[0][1]} --json"
+          + ("" if env.get("GPUEFF_SLURM_ROOT") else " (or: eval \"$(make -s cluster-env)\"; gpueff ...)"))
     return 0
 
 

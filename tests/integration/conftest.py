@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from scripts.demo import cluster_env
+from scripts.demo import cluster_env, in_cluster
 from slurm_gpu_eff.config import Config, load_config
 from tests import pg
 from tests.configfile import value
@@ -72,18 +72,20 @@ class Cluster:
         self.work = self.dir / "tests"
         self.work.mkdir(exist_ok=True)
         os.chmod(self.work, 0o1777)  # like /tmp: every test user writes its job output here
-        self.sim = REPO / ".venv" / "bin" / "gpueff-sim"
+        # The release's venv: on 24.11 and 26.05 the jobs run their root's own Python.
+        self.venv = Path(env["GPUEFF_VENV"])
+        self.sim = self.venv / "bin" / "gpueff-sim"
+        self.python = str(self.venv / "bin" / "python")
+        self.release = env["GPUEFF_SLURM"]
         # How each submit_profile job was submitted, so that a lost launch can be redone.
         self.submitted: dict[str, tuple[str, Path, tuple[str, ...], str, str]] = {}
 
-    def run(self, command: list[str], user: str | None = None, timeout: float = 120) -> Result:
-        """Run a command as root or, through runuser, as an unprivileged user."""
-        keep = {k: self.env[k] for k in ("SLURM_CONF", "GPUEFF_CONFIG", "PATH")}
-        if user:
-            command = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in keep.items()),
-                       *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env={**self.env, **keep}, cwd=self.work)
+    def run(self, command: list[str], user: str | None = None, timeout: float = 120,
+            env: dict[str, str] | None = None) -> Result:
+        """Run a command as root or an unprivileged user against the cluster, in its release's
+        root where it has one (scripts/cluster.sh as), with `env` added to the environment."""
+        done = subprocess.run(in_cluster(user or "root", *command), capture_output=True, text=True,
+                              timeout=timeout, env={**self.env, **(env or {})}, cwd=self.work)
         return Result(done.returncode, done.stdout, done.stderr)
 
     def write(self, name: str, text: str) -> Path:
@@ -266,7 +268,8 @@ class Cluster:
 def cluster() -> Cluster:
     try:
         env = cluster_env()
-        up = subprocess.run(["sinfo", "-h"], env=env, capture_output=True, timeout=10).returncode == 0
+        up = subprocess.run(in_cluster("root", "sinfo", "-h"), env=env, capture_output=True,
+                            timeout=10).returncode == 0
     except (OSError, subprocess.SubprocessError):
         up = False
     if not up:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import REPO, Cluster
+from .conftest import Cluster
 
 pytestmark = [pytest.mark.cluster]  # the node side: the store's engine changes nothing here
 
@@ -94,7 +94,7 @@ def test_three_node_job_merges_nodes_and_says_which_part_is_missing(cluster: Clu
                 "c = load_config()\nwith open_store(c.store_url) as store:\n"
                 "    s = store.node_summaries(sys.argv[1])\n"
                 "set_admin_comment(sys.argv[1], s[0].cluster, admin_comment(s, 6))\n")
-    done = cluster.run([str(REPO / ".venv" / "bin" / "python"), "-c", remirror, job])
+    done = cluster.run([cluster.python, "-c", remirror, job])
     assert done.code == 0, done.err
     data = cluster.gpueff(job, "bob", "--json").json()
     assert data["gpu_status"] == "partial" and data["missing_nodes"] == ["gpu2"]

@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from .conftest import REPO, Cluster
+from .conftest import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
 
-PYTHON = str(REPO / ".venv" / "bin" / "python")
 NOT_PERMITTED = 10
 
 
@@ -83,7 +82,7 @@ def read_as(cluster: Cluster, user: str, path: str) -> str:
     script = ("import os, sys\np = sys.argv[1]\ntry:\n"
               "    print(os.listdir(p) if os.path.isdir(p) else len(open(p, 'rb').read()))\n"
               "except OSError as e:\n    print(type(e).__name__)\n")
-    return cluster.run([PYTHON, "-c", script, path], user=user).out.strip()
+    return cluster.run([cluster.python, "-c", script, path], user=user).out.strip()
 
 
 def test_the_store_spool_and_logs_are_closed_to_users(cluster: Cluster, jobs: dict[str, str]) -> None:
@@ -100,7 +99,8 @@ def test_the_store_spool_and_logs_are_closed_to_users(cluster: Cluster, jobs: di
     else:
         connect = ("import sys, psycopg\ntry:\n    psycopg.connect(sys.argv[1]).close(); print('connected')\n"
                    "except Exception as e:\n    print(type(e).__name__)\n")
-        said = {user: cluster.run([PYTHON, "-c", connect, config.store_read_url], user=user).out.strip()
+        said = {user: cluster.run([cluster.python, "-c", connect, config.store_read_url],
+                                  user=user).out.strip()
                 for user in ("alice", "dave")}
         assert said["alice"] != "connected" and said["dave"] == "connected", said
 

@@ -1,23 +1,20 @@
-"""Slurm's own seff (22.05, from Debian's source package, run as it is) beside gpueff on
+"""Slurm's own seff (the release's, from Debian's source package, run as it is) beside gpueff on
 the same jobs: CPU and memory efficiency must agree (issue 8, finding 6 and its "done
 when"). seff rounds a job's CPU time to whole seconds and gpueff does not: that, and
 seff's two decimals, is the only difference allowed."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import Cluster
 
 # CPU and memory efficiency come from sacct, but `gpueff` reads each job's GPU figures
 # from the store on the way: it runs on both engines.
 pytestmark = [pytest.mark.cluster, pytest.mark.cluster_store]
 
-SEFF = REPO / ".peers" / "seff"
 PY = "/usr/bin/python3"
 # Work that holds MiB of memory (touched, so it is resident) and burns CPU for seconds.
 HOLD = (f"{PY} -c \"import time; x = bytearray({{mib}} << 20); x[::4096] = b'1' * len(x[::4096]); "
@@ -40,12 +37,11 @@ SHAPES = {
 
 def seff(cluster: Cluster, job: str) -> tuple[float, float, float]:
     """seff's CPU efficiency, memory efficiency (percent) and core-walltime (s)."""
-    done = subprocess.run(["perl", str(SEFF), job], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **cluster.env}, check=False)
-    assert done.returncode == 0, done.stderr
-    cpu = re.search(r"CPU Efficiency: ([\d.]+)% of ([\d:-]+) core-walltime", done.stdout)
-    mem = re.search(r"Memory Efficiency: ([\d.]+)% of", done.stdout)
-    assert cpu and mem, done.stdout
+    done = cluster.run(["seff", job], timeout=60)  # the cluster's release's seff (cluster.sh)
+    assert done.code == 0, done.err
+    cpu = re.search(r"CPU Efficiency: ([\d.]+)% of ([\d:-]+) core-walltime", done.out)
+    mem = re.search(r"Memory Efficiency: ([\d.]+)% of", done.out)
+    assert cpu and mem, done.out
     return float(cpu[1]), float(mem[1]), _seconds(cpu[2])
 
 
@@ -57,7 +53,8 @@ def _seconds(text: str) -> float:
 
 @pytest.fixture(scope="module")
 def jobs(cluster: Cluster) -> dict[str, str]:
-    assert SEFF.is_file(), f"{SEFF} is missing: scripts/install-deps.sh fetches it"
+    seff_cmd = cluster.dir / "bin" / "seff"  # cluster.sh runs the release's own seff through it
+    assert seff_cmd.is_file(), f"{seff_cmd} is missing: scripts/cluster.sh up writes it"
     started = {}
     for name, (suffix, args, body) in SHAPES.items():
         job = cluster.submit("alice", body, "--gres=gpu:1", "-J", name.replace(" ", "-"), *args)

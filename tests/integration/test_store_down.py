@@ -3,7 +3,8 @@ the file held locked by a reader's exclusive transaction): every epilog returns,
 is lost, `gpueff spool status` lists what waits, and once the database is back all 50
 summaries arrive exactly once, by themselves: the detached deliverer, become the spool's
 retrier, delivers them, with no new job and no command. Real epilog shims in separate
-processes, as in test_delivery_stress (no Slurm needed)."""
+processes, as in test_delivery_stress (no Slurm job needed), run where the cluster's
+epilogs run: in its release's root, by its Python, where it has one."""
 
 from __future__ import annotations
 
@@ -11,20 +12,22 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from scripts.demo import in_cluster
 from slurm_gpu_eff.node.spool import Spool
 from slurm_gpu_eff.store.deliver import spool_status
 from tests.configfile import write_config
+from tests.integration.conftest import Cluster
 from tests.pg import StoreSite
 from tests.unit.conftest import wait_delivered
 
-pytestmark = [pytest.mark.serial]  # its bar (no epilog over 0.5 s) needs the CPUs to itself
+# Its bar (no epilog over 0.5 s) needs the CPUs to itself; the cluster is only where it runs.
+pytestmark = [pytest.mark.serial, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 EPILOG = REPO / "epilog" / "gpueff-epilog"
@@ -36,17 +39,17 @@ DOWN_AFTER_S = 3.0  # the store stays down this long after the last epilog: retr
 
 
 def test_fifty_jobs_ending_with_the_store_down_are_delivered_once_it_is_back(
-    tmp_path: Path, store_site: StoreSite,
+    tmp_path: Path, store_site: StoreSite, cluster: Cluster,
 ) -> None:
     config = write_config(tmp_path / "gpueff.toml", {
         "spool": {"dir": f"{tmp_path}/spool/%n", "retry_s": 0.3, "retry_max_s": 1},
         **store_site.sections(),
         "log": {"file": f"{tmp_path}/log/%n.log"},
-        "hooks": {"python": sys.executable},
+        "hooks": {"python": cluster.python},
     })
     store_site.create()  # the store existed before it went down
     base = {"PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(config),
-            "GPUEFF_PYTHON": sys.executable, "SLURM_CLUSTER_NAME": "down",
+            "GPUEFF_PYTHON": cluster.python, "SLURM_CLUSTER_NAME": "down",
             "SLURM_JOB_USER": "alice", "SLURM_JOB_GPUS": "0"}
     nodes = [f"n{n}" for n in range(NODES)]
     jobs = [(node, str(2000 + n * JOBS_PER_NODE + j))
@@ -56,8 +59,8 @@ def test_fifty_jobs_ending_with_the_store_down_are_delivered_once_it_is_back(
     def epilog(job: tuple[str, str]) -> tuple[int, float]:
         node, job_id = job
         started = time.perf_counter()
-        done = subprocess.run([str(EPILOG)], env={**base, "SLURMD_NODENAME": node,
-                                                  "SLURM_JOB_ID": job_id}, timeout=60)
+        done = subprocess.run(in_cluster("root", str(EPILOG)), env={
+            **base, "SLURMD_NODENAME": node, "SLURM_JOB_ID": job_id}, timeout=60)
         return done.returncode, time.perf_counter() - started
 
     with store_site.down():
@@ -72,9 +75,8 @@ def test_fifty_jobs_ending_with_the_store_down_are_delivered_once_it_is_back(
         assert not any(s.dead or s.corrupt for s in statuses.values())
         # ...and `gpueff spool status` says which, node by node.
         for node in nodes:
-            shown = subprocess.run([str(REPO / ".venv" / "bin" / "gpueff"), "spool", "status",
-                                    "--node", node], env=base, capture_output=True, text=True,
-                                   timeout=60)
+            shown = subprocess.run(in_cluster("root", "gpueff", "spool", "status", "--node", node),
+                                   env=base, capture_output=True, text=True, timeout=60)
             assert shown.returncode == 0, shown.stderr
             counts = re.search(r"(\d+) waiting, (\d+) in flight", shown.stdout)
             assert counts and int(counts[1]) + int(counts[2]) == JOBS_PER_NODE, shown.stdout
