@@ -123,13 +123,15 @@ def doctor_parser() -> argparse.ArgumentParser:
         prog="gpueff doctor",
         description="Is this host ready? Checks the config, Slurm's Prolog, Epilog, MailProg and "
                     "PrologFlags, and on a GPU node NVML, gres.conf's devices and the spool, then "
-                    f"the store and Slurm's accounting; each failure with its fix. Exit status 0 "
-                    f"when ready, {NOT_READY} when not.",
+                    f"the store and Slurm's accounting; each failure with its fix. Then notes: the "
+                    "Slurm release, the cgroup version in use, and settings that change what is "
+                    f"measured (warnings do not fail). Exit status 0 when ready, {NOT_READY} when not.",
     )
     parser.add_argument("--node", default="", help="the Slurm node name to check as (default: "
                         "$SLURMD_NODENAME, else this host's short name)")
     parser.add_argument("--json", action="store_true",
-                        help='{"ready": true|false, "checks": [{"name", "ok", "message", "fix"}]}')
+                        help='{"ready": true|false, "checks": [{"name", "ok", "message", "fix"}], '
+                             '"notes": [{"name", "level": "info"|"warning", "message", "fix"}]}')
     _common(parser)
     return parser
 
@@ -138,8 +140,8 @@ def cmd_doctor(args: argparse.Namespace) -> tuple[str, int]:
     from .doctor import as_dict, examine
     from .report.render import render_doctor
 
-    ready, checks = examine(args.config, args.node)
-    return render_doctor(as_dict(ready, checks), as_json=args.json), 0 if ready else NOT_READY
+    ready, checks, notes = examine(args.config, args.node)
+    return render_doctor(as_dict(ready, checks, notes), as_json=args.json), 0 if ready else NOT_READY
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -13,10 +14,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from .config import Config, config_path, find_command, load_config
-from .errors import GpuEffError
+from .errors import BindingError, GpuEffError
 
 NVIDIA_MAJOR = 195  # /dev/nvidia[0-9]*: the driver's character devices
 EXAMPLE = "etc/gpueff.toml.example"
+MOUNTS = "/proc/self/mounts"  # what this host mounts (os.statvfs cannot tell cgroup2 from tmpfs)
+UNSET = ("", "(null)")  # how `scontrol show config` prints a setting with no value
 
 
 @dataclass
@@ -27,8 +30,19 @@ class Check:
     fix: str = ""
 
 
-def examine(path: str | None = None, node: str = "") -> tuple[bool, list[Check]]:
-    """Every check, in the order a site installs: (ready, checks)."""
+@dataclass
+class Note:
+    """What doctor found that is no failure: the Slurm release and cgroup version in use
+    ("info"), and settings that change or weaken what is measured ("warning", with how to
+    avoid it). Notes never make a host not ready."""
+    name: str
+    level: str
+    message: str
+    fix: str = ""
+
+
+def examine(path: str | None = None, node: str = "") -> tuple[bool, list[Check], list[Note]]:
+    """Every check, in the order a site installs, and the notes: (ready, checks, notes)."""
     config, checks = _config(path)
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     # as slurmd runs the hooks: the node's name and the config in the environment (what
@@ -38,18 +52,19 @@ def examine(path: str | None = None, node: str = "") -> tuple[bool, list[Check]]
         os.environ["GPUEFF_CONFIG"] = config.path
     slurm = _slurm_config(config)
     checks += _hooks(slurm)
-    files = _gres(config, node)
-    if files is None:
+    files, unreadable = _gres(config, node)
+    if not files and not unreadable:
         checks.append(Check("gpus", True, f"slurmd knows no GPU for node {node!r}: not a GPU node, "
                                           "the GPU checks are skipped (--node NAME to name one)"))
     else:
-        checks += [_nvml(config, files), _devices(files), _spool(config, node)]
+        checks += [_nvml(config, files or []), _devices(files or [], unreadable, node), _spool(config, node)]
     checks += [_store(config), _accounting(config)]
-    return all(c.ok for c in checks), checks
+    return all(c.ok for c in checks), checks, _notes(slurm)
 
 
-def as_dict(ready: bool, checks: list[Check]) -> dict[str, object]:
-    return {"ready": ready, "checks": [asdict(c) for c in checks]}
+def as_dict(ready: bool, checks: list[Check], notes: list[Note] | None = None) -> dict[str, object]:
+    return {"ready": ready, "checks": [asdict(c) for c in checks],
+            "notes": [asdict(n) for n in notes or []]}
 
 
 def _config(path: str | None) -> tuple[Config, list[Check]]:
@@ -68,7 +83,12 @@ def _config(path: str | None) -> tuple[Config, list[Check]]:
 # -- Slurm's configuration ---------------------------------------------------------------------
 
 def _slurm_config(config: Config) -> dict[str, str] | None:
-    """`scontrol show config` as {key: value}; None when slurmctld cannot be asked."""
+    """`scontrol show config` as {key: value}; None when slurmctld cannot be asked.
+
+    Slurm prints every setting as "%-23s = %s" (slurm_print_key_pairs, src/api/config_info.c),
+    then the cgroup.conf in force under "Cgroup Support Configuration:" in the same shape
+    when a cgroup plugin is in use (_fill_ctld_conf, src/slurmctld/proc_req.c). Keys do not
+    repeat across the sections, so one dict holds them all."""
     done = _run([find_command(config.scontrol), "show", "config"])
     if done is None or done.returncode != 0:
         return None
@@ -95,20 +115,45 @@ def _hooks(slurm: dict[str, str] | None) -> list[Check]:
     return checks
 
 
+def _hook_entries(slurm: dict[str, str], key: str) -> list[tuple[str, str]]:
+    """The scripts configured for `key`, as (the key as printed, its value).
+
+    22.05's `scontrol show config` prints one key, `Prolog = PATH` (`(null)` when unset);
+    24.11 and 26.05 print one numbered key per Prolog= line of slurm.conf and nothing when
+    there is none: `Prolog[0] = PATH` (slurm_ctl_conf_2_key_pairs in src/api/config_info.c:
+    xstrdup_printf("Prolog[%d]", i) over conf->prolog_cnt; the same for Epilog). The
+    releases between were not looked at: both forms are read. MailProg stays one plain key
+    in every release."""
+    numbered = re.compile(re.escape(key) + r"\[(\d+)\]")
+    entries = sorted((int(m.group(1)), name) for name in slurm if (m := numbered.fullmatch(name)))
+    keys = ([key] if key in slurm else []) + [name for _, name in entries]
+    return [(name, slurm[name]) for name in keys if slurm[name] not in UNSET]
+
+
 def _hook(slurm: dict[str, str], key: str, name: str) -> Check:
-    value = slurm.get(key, "")
-    fix = (f"{key}=/PATH/TO/VENV/bin/{name} in slurm.conf (an absolute path; the venv's own), "
-           "then `scontrol reconfigure`")
-    if value in ("", "(null)"):
+    entries = _hook_entries(slurm, key)
+    shown = ", ".join(f"{k}={v}" for k, v in entries)
+    fix = (f"{key}=/PATH/TO/VENV/bin/{name} in slurm.conf (an absolute path; the venv's own; from "
+           f"Slurm 24.11 it may be a {key}= line of its own beside the site's), then `scontrol reconfigure`")
+    if not entries:
         return Check(key, False, f"slurm.conf has no {key} line", fix)
-    # Prolog and Epilog may be comma-separated lists, each entry a glob (prolog.d/*)
-    paths = [p for entry in value.split(",") for p in (glob.glob(entry.strip()) or [entry.strip()])]
+    where = os.path.dirname(slurm.get("SLURM_CONF", "")) or "/etc/slurm"
+    paths = [p for _, value in entries for p in _scripts(value, where)]
     ours = [p for p in paths if os.path.basename(p) == name or _mentions(p, name)]
     if not ours:
-        return Check(key, False, f"{key}={value} does not run {name}", fix)
+        return Check(key, False, f"{shown} does not run {name}", fix)
     if not all(os.access(p, os.X_OK) for p in ours):
-        return Check(key, False, f"{key}={value}: {ours[0]} is not an executable file here", fix)
-    return Check(key, True, f"{key}={value}")
+        return Check(key, False, f"{shown}: {ours[0]} is not an executable file here", fix)
+    return Check(key, True, shown)
+
+
+def _scripts(value: str, where: str) -> list[str]:
+    """The files one configured entry runs. slurmd globs each entry as one pattern
+    (_script_list_create in src/plugins/prep/script/prep_script_slurmd.c: glob(3), no comma
+    splitting), and since 23.11 a relative entry is found beside slurm.conf (the
+    get_extra_conf_path applied to each prolog in slurmd.c)."""
+    pattern = value if os.path.isabs(value) else os.path.join(where, value)
+    return glob.glob(pattern) or [pattern]
 
 
 def _mentions(path: str, name: str) -> bool:
@@ -120,13 +165,124 @@ def _mentions(path: str, name: str) -> bool:
         return False
 
 
+# -- the release, the cgroup version, what weakens measurement (notes) -----------------------
+
+def _notes(slurm: dict[str, str] | None) -> list[Note]:
+    if slurm is None:  # the slurm.conf check already says why
+        return []
+    version = slurm.get("SLURM_VERSION", "")  # printed by every release (config_info.c)
+    notes = [Note("slurm", "info", f"Slurm {version}" if version not in UNSET else
+                  "Slurm's release is unknown: `scontrol show config` printed no SLURM_VERSION")]
+    settings, source = _cgroup_conf(slurm)
+    used, note = _cgroup(settings, source)
+    notes.append(note)
+    if (_release(version) >= (26, 5) and used == "v2"
+            and settings.get("cgroupjobidpaths", "no").lower() != "yes"):
+        notes.append(Note("CgroupJobIdPaths", "info", (
+            f"Slurm {version} on cgroup v2 names each job's cgroup after its SLUID "
+            "(.../slurmstepd.scope/s0HSM8BCSN1K00/step_batch/...), not job_N, as cgroup.conf does not set "
+            "CgroupJobIdPaths=yes: gpueff reads both; other tools that look for job_N need the setting")))
+    if "runinjob" in slurm.get("PrologFlags", "").lower():
+        notes.append(_run_in_job(slurm["PrologFlags"]))
+    return notes
+
+
+def _release(version: str) -> tuple[int, int]:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def _run_in_job(flags: str) -> Note:
+    """PrologFlags=RunInJob (24.05; it implies Alloc and Contain, so the PrologFlags check
+    passes): slurmd runs the prolog and epilog in the job's extern step. A warning, not a
+    failure: the epilog, inside the job too, still stops the sampler and stores its
+    summary, and a sampler killed before that leaves figures up to its last checkpoint,
+    which the report marks as partial. Measurement is weakened, not lost. (Whether
+    slurmstepd can kill the extern step's processes before the epilog has run was not
+    read in Slurm's source.)"""
+    return Note("PrologFlags", "warning", (
+        f"PrologFlags={flags}: RunInJob runs the prolog and epilog inside the job's extern step cgroup, "
+        "so the sampler lives inside the job: confined to the job's devices, its CPU time and memory "
+        "counted in the job's accounting and limits, and killed with the job. The epilog still stops it "
+        "first and stores its summary; a sampler killed sooner (a job over its memory limit) leaves "
+        "figures up to its last checkpoint, marked partial: weakened, not lost, so not a failure"),
+        "PrologFlags=Alloc,Contain without RunInJob (the sampler then runs outside the job's cgroup), "
+        "then `scontrol reconfigure`")
+
+
+def _cgroup_conf(slurm: dict[str, str]) -> tuple[dict[str, str], str]:
+    """cgroup.conf's settings (keys lower-cased: Slurm's are case-insensitive) and where
+    they were read. `scontrol show config` carries them while a cgroup plugin is in use;
+    else the file beside slurm.conf. (No release from 22.05 to 26.05 has `scontrol show
+    cgroup`: 24.11 answers "invalid entity:cgroup for keyword:show".)"""
+    if "CgroupPlugin" in slurm:
+        return {k.lower(): v for k, v in slurm.items() if k.startswith("Cgroup")}, "`scontrol show config`"
+    path = os.path.join(os.path.dirname(slurm.get("SLURM_CONF", "")) or "/etc/slurm", "cgroup.conf")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return {}, f"no {path}"
+    pairs = (word.split("=", 1) for line in lines for word in line.split("#", 1)[0].split() if "=" in word)
+    return {key.lower(): value for key, value in pairs}, path
+
+
+def _cgroup(settings: dict[str, str], source: str) -> tuple[str | None, Note]:
+    """The cgroup version Slurm uses here ("v1", "v2", None) and the note that says so."""
+    point = settings.get("cgroupmountpoint", "/sys/fs/cgroup")
+    host, mounted = _host_cgroup(point)
+    if not settings:
+        return None, Note("cgroup", "info", f"no cgroup plugin in use ({source}); this host mounts {mounted}")
+    plugin = settings.get("cgroupplugin", "autodetect")  # cgroup.conf's default
+    said = f"CgroupPlugin={plugin} ({source}); this host mounts {mounted}"
+    used = plugin[-2:] if plugin in ("cgroup/v1", "cgroup/v2") else host if plugin == "autodetect" else None
+    if used and host and used != host:
+        return used, Note("cgroup", "warning", (
+            f"{said}: slurmd's cgroup/{used} plugin does not start on a cgroup {host} host unless it runs in "
+            "a mount and cgroup namespace of its own"), "CgroupPlugin=autodetect in cgroup.conf")
+    return used, Note("cgroup", "info", said)
+
+
+def _host_cgroup(point: str) -> tuple[str | None, str]:
+    """What the host mounts at `point`, from /proc/self/mounts: cgroup2 (v2), or a tmpfs
+    holding v1 controllers (v1; a cgroup2 beside them is the hybrid layout)."""
+    try:
+        with open(MOUNTS, encoding="utf-8", errors="replace") as handle:
+            mounts = [line.split() for line in handle]
+    except OSError as exc:
+        return None, f"an unknown cgroup version ({MOUNTS}: {exc.strerror})"
+    at = None
+    v1: list[str] = []
+    unified: list[str] = []
+    for fields in (f for f in mounts if len(f) >= 3):
+        if fields[1] == point:
+            at = fields[2]  # the last mount on a path is the one seen
+        elif fields[1].startswith(point.rstrip("/") + "/") and fields[2] == "cgroup":
+            v1.append(os.path.basename(fields[1]))
+        elif fields[1].startswith(point.rstrip("/") + "/") and fields[2] == "cgroup2":
+            unified.append(fields[1])
+    if at == "cgroup2":
+        return "v2", f"cgroup v2 (cgroup2 at {point})"
+    if at == "tmpfs" and v1:
+        hybrid = f", and cgroup2 at {unified[0]}: the hybrid layout" if unified else ""
+        return "v1", f"cgroup v1 (a tmpfs at {point} holding {', '.join(sorted(v1))}{hybrid})"
+    return None, f"no cgroup hierarchy at {point}" + (f" (a {at})" if at else "")
+
+
 # -- the node ----------------------------------------------------------------------------------
 
-def _gres(config: Config, node: str) -> list[list[str]] | None:
+def _gres(config: Config, node: str) -> tuple[list[list[str]] | None, str]:
+    """The node's GPU positions and their device files, or why they cannot be read (GPU
+    lines without File=: Slurm accepts gres.conf's `Name=gpu Count=N`, but the sampler then
+    has no device to bind a job's GPUs to). The one call into binding.py's reading of
+    `slurmd -G`: keep it the only one (another reading can replace it, and on 24.11+ each
+    run of `slurmd -G` disturbs the node's running steps)."""
     from .node.binding import gres_gpu_files
 
-    files = gres_gpu_files(node, config.slurmd)
-    return files or None
+    try:
+        return gres_gpu_files(node, config.slurmd), ""
+    except BindingError as exc:
+        return None, str(exc)
 
 
 def _nvml(config: Config, files: list[list[str]]) -> Check:
@@ -156,7 +312,11 @@ def _word(flag: bool | None) -> str:
     return "unknown" if flag is None else ("on" if flag else "off")
 
 
-def _devices(files: list[list[str]]) -> Check:
+def _devices(files: list[list[str]], unreadable: str = "", node: str = "") -> Check:
+    if unreadable:
+        return Check("gres", False, f"`slurmd -G -N {node}`: {unreadable}",
+                     "name each GPU's device file in gres.conf (File=/dev/nvidia[0-3], MIG: the "
+                     "/dev/nvidia-caps files) or use AutoDetect=nvml, then restart slurmd")
     bad = []
     for path in (p for position in files for p in position):
         try:
