@@ -28,7 +28,7 @@ from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
 from . import export
 from .binding import gpu_minors
 from .gpu import ALL_GI, THROTTLE_REASONS, Gpu, GpuSession, Reading
-from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus
+from .jobenv import JobContext, job_cgroup_exists, job_of_pid, parse_job_gpus, same_job
 from .log import HookLog
 from .spool import SUMMARY, Spool, write_json
 from .stats import Histogram, Stat, Timeline
@@ -42,9 +42,10 @@ VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and
 class GpuStats:
     """Accumulators for one GPU: constant memory whatever the job's length."""
 
-    def __init__(self, gpu: Gpu, job_id: str = "") -> None:
+    def __init__(self, gpu: Gpu, job_id: str = "", sluid: str = "") -> None:
         self.gpu = gpu
         self.job_id = job_id
+        self.sluid = sluid  # Slurm 26.05: job_of_pid() names the job's processes by it on v2
         self.stats: defaultdict[str, Stat] = defaultdict(Stat)  # made on first use, in C
         self.util_source: str | None = None
         self.histogram = Histogram()
@@ -210,7 +211,7 @@ class GpuStats:
         own_mem, others, listed = 0, None, False
         for pid, used in reading.pids:
             job = self.job_of(pid)
-            if job == self.job_id:
+            if same_job(job, self.job_id, self.sluid):
                 own_mem += used
                 listed = True
             elif job is not None:
@@ -230,7 +231,8 @@ class GpuStats:
         left = self.own_listed and not listed
         self.own_listed = listed
         if reading.process_sm is not None and not left:
-            own = sum(sm for pid, sm in reading.process_sm.items() if self.job_of(pid) == self.job_id)
+            own = sum(sm for pid, sm in reading.process_sm.items()
+                      if same_job(self.job_of(pid), self.job_id, self.sluid))
             self.stats["own_util"].add(own, seconds)
 
     def energy(self) -> tuple[float | None, str | None]:
@@ -290,13 +292,13 @@ class Sampler:
     ) -> None:
         self.job = job
         self.config = config
-        self.gpus = [GpuStats(g, job.job_id) for g in gpus]
+        self.gpus = [GpuStats(g, job.job_id, job.sluid) for g in gpus]
         self.clock = clock
         self.monotonic = monotonic
         self.xid_events = xid_events
         self.other_processes = other_processes  # the node's unbound GPUs: (minor, pids)
         self.binding = BindingCheck(job.job_id, job.node, [g.minor for g in gpus if not g.is_mig],
-                                    cgroup_root)
+                                    cgroup_root, sluid=job.sluid)
         self._next_verify = 0.0  # monotonic time of the next look beyond the bound GPUs
         self.wait_s = config.interval_s / time_scale
         self.started_at = clock()
@@ -502,7 +504,7 @@ class OrphanWatch:
         self.missing = 0
 
     def ended(self) -> bool:
-        if job_cgroup_exists(self.job.job_id, self.job.node):
+        if any(job_cgroup_exists(name, self.job.node) for name in self.job.ids()):
             self.seen, self.missing = True, 0
         elif self.seen:
             self.missing += 1
@@ -605,10 +607,38 @@ def spawn_delivery(config: Config, spool_root: str) -> subprocess.Popen[bytes]:
     )
 
 
+def inside_job_cgroup(job: JobContext, proc: str = "/proc") -> bool:
+    """Whether this process runs in the job's own cgroup: PrologFlags=RunInJob (Slurm
+    24.05+) runs the prolog, and so what it starts, in the job's extern step. One read of
+    our own /proc/PID/cgroup; never raises (it only decides what to tell)."""
+    try:
+        return job.owns(job_of_pid(os.getpid(), proc))
+    except Exception:
+        return False
+
+
+def tell_run_in_job(job: JobContext, config: Config, log: HookLog, proc: str = "/proc") -> str:
+    """Says in the hook log, once, what PrologFlags=RunInJob means for this job's figures;
+    returns the note for the summary ("" outside the job's cgroup)."""
+    if not inside_job_cgroup(job, proc):
+        return ""
+    # The epilog's SIGTERM (or Slurm's, at the job's end) gets a last reading and a
+    # complete summary; a SIGKILL leaves the last checkpoint, which the epilog marks partial.
+    log.write(f"this sampler runs inside job {job.job_id}'s cgroup (PrologFlags=RunInJob: Slurm "
+              "runs the prolog in the job's extern step): it ends with the job, and its CPU time "
+              "and memory count as the job's. Stopped with SIGTERM it still takes a last reading; "
+              "killed outright (SIGKILL, the job's memory limit) before the epilog stops it, its "
+              f"figures end at its last checkpoint, up to {config.checkpoint_s:g} s before the "
+              "job's end, and the node's summary is marked partial")
+    return ("the sampler ran inside the job's cgroup (PrologFlags=RunInJob) and ends with the "
+            f"job: killed outright, its figures end at its last checkpoint ({config.checkpoint_s:g} s apart)")
+
+
 def run(job_dir: str, config: Config, started: float | None = None, stopper: Stopper | None = None) -> None:
     """The sampler process: never lets an exception escape without leaving a summary."""
     job = JobContext.from_env(os.environ)  # the prolog's environment: Slurm's variables
     log = HookLog(config.log_for(job.node), job.job_id, "sampler")
+    run_in_job = tell_run_in_job(job, config, log)
     summary_path = os.path.join(job_dir, SUMMARY)
     stopper = stopper or Stopper()
     if started is None:
@@ -631,6 +661,8 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
         sampler = Sampler(job, config, gpus, clock=session.clock, xid_events=session.xid_events,
                           time_scale=session.time_scale, other_processes=session.other_processes,
                           run_started=started)
+        if run_in_job:  # kept with the binding's evidence, which `gpueff --json` shows
+            sampler.binding.note(run_in_job)
         loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
         log.write("stopped cleanly")
     except GpuEffError as exc:

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import glob
 
+from .jobenv import same_job
+
 VERIFIED, UNVERIFIED, MISMATCH = "verified", "unverified", "mismatch"
 NVIDIA_MAJOR = 195
 NOT_GPUS = (254, 255)  # nvidia-modeset and nvidiactl share the major; every job may have them
 MAX_EVIDENCE = 10
+# cgroup v1 only, so job_N only: v1 never names a job's directory after its SLUID (see
+# jobenv.job_in_cgroup). v2 has no device list (Slurm confines devices with eBPF there).
 DEVICES_LISTS = (
     "{root}/devices/slurm_{node}/uid_*/job_{job}/devices.list",  # several slurmd on one host
     "{root}/devices/slurm/uid_*/job_{job}/devices.list",
@@ -31,13 +35,16 @@ DEVICES_LISTS = (
 class BindingCheck:
     """Evidence for and against one node's binding, gathered while the job runs."""
 
-    def __init__(self, job_id: str, node: str, bound_minors: list[int], cgroup_root: str = "/sys/fs/cgroup"):
+    def __init__(self, job_id: str, node: str, bound_minors: list[int], cgroup_root: str = "/sys/fs/cgroup",
+                 sluid: str = ""):
         self.job_id = job_id
+        self.sluid = sluid  # Slurm 26.05: what job_of_pid() says of the job's processes on v2
         self.node = node
         self.bound_minors = sorted(set(bound_minors))  # whole GPUs (MIG slices: processes only)
         self.cgroup_root = cgroup_root
         self.agree: list[str] = []
         self.disagree: list[str] = []
+        self.notes: list[str] = []  # context for the evidence, neither for nor against
         self.cgroup_read = False
         self._seen_on: set[int] = set()
         self._last_pids: dict[int, list[int]] = {}
@@ -45,7 +52,7 @@ class BindingCheck:
     def processes(self, minor: int, jobs_of_pids: dict[int, str | None], bound: bool) -> None:
         """The processes NVML lists on GPU `minor`, each with the job it belongs to."""
         for pid, job in sorted(jobs_of_pids.items()):
-            if job != self.job_id:
+            if not same_job(job, self.job_id, self.sluid):
                 continue
             if not bound:
                 self._note(self.disagree, f"process {pid} of job {self.job_id} runs on GPU minor "
@@ -90,13 +97,17 @@ class BindingCheck:
                                       f"the sampler was bound to {self.bound_minors}")
         return True
 
+    def note(self, text: str) -> None:
+        """Something the report should see beside the evidence; changes no status."""
+        self._note(self.notes, text)
+
     def result(self) -> dict[str, object]:
         if self.disagree:
-            return {"status": MISMATCH, "evidence": self.disagree + self.agree}
+            return {"status": MISMATCH, "evidence": self.disagree + self.agree + self.notes}
         if self.agree:
-            return {"status": VERIFIED, "evidence": list(self.agree)}
+            return {"status": VERIFIED, "evidence": self.agree + self.notes}
         return {"status": UNVERIFIED, "evidence": ["no process of the job was seen on a GPU yet, and the "
-                                                   "job's cgroup does not list its devices"]}
+                                                   "job's cgroup does not list its devices"] + self.notes}
 
     def _note(self, where: list[str], text: str) -> None:
         if text not in where and len(where) < MAX_EVIDENCE:

@@ -137,6 +137,25 @@ def test_a_job_process_on_a_gpu_not_bound_is_a_mismatch(tmp_path: Path) -> None:
                                      "was not bound to")
 
 
+def test_the_jobs_processes_named_by_its_sluid_count(tmp_path: Path) -> None:
+    """Slurm 26.05 names a job's cgroup after its SLUID: job_of_pid() gives that, not the id."""
+    sluid = "s51SM8AT3HNP00"
+    check = BindingCheck("42", "gpu1", [1], str(tmp_path), sluid=sluid)
+    check.processes(1, {500: "s51SM8AT3HNP01", 501: "", 502: None}, bound=True)  # not ours
+    assert check.result()["status"] == UNVERIFIED
+    check.processes(1, {502: sluid}, bound=True)
+    assert check.result() == {"status": VERIFIED,
+                              "evidence": ["process 502 of job 42 runs on bound GPU minor 1"]}
+    check.processes(2, {503: sluid}, bound=False)
+    assert check.result()["status"] == MISMATCH
+
+
+def test_without_a_sluid_no_process_outside_any_job_is_taken_for_the_jobs(tmp_path: Path) -> None:
+    check = BindingCheck("42", "gpu1", [1], str(tmp_path))
+    check.processes(2, {1: "", 2: None}, bound=False)
+    assert check.result()["status"] == UNVERIFIED
+
+
 def test_the_sampler_looks_at_the_nodes_other_gpus(sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job's workload plays on minor 2 while the sampler is bound to minor 0: the
     summary says mismatch (the workload's pid is this test process; its job is faked)."""
