@@ -274,13 +274,13 @@ def _host_cgroup(point: str) -> tuple[str | None, str]:
 def _gres(config: Config, node: str) -> tuple[list[list[str]] | None, str]:
     """The node's GPU positions and their device files, or why they cannot be read (GPU
     lines without File=: Slurm accepts gres.conf's `Name=gpu Count=N`, but the sampler then
-    has no device to bind a job's GPUs to). The one call into binding.py's reading of
-    `slurmd -G`: keep it the only one (another reading can replace it, and on 24.11+ each
-    run of `slurmd -G` disturbs the node's running steps)."""
-    from .node.binding import gres_gpu_files
+    has no device to bind a job's GPUs to). From the node's GPU map, as the sampler reads
+    it: on 24.11+ each run of `slurmd -G` disturbs the node's running steps, so slurmd is
+    asked only where the map is missing or stale (and root then renews it)."""
+    from .node.binding import gpu_files
 
     try:
-        return gres_gpu_files(node, config.slurmd), ""
+        return gpu_files(node, config.slurmd, config.gpu_map_for(node)), ""
     except BindingError as exc:
         return None, str(exc)
 
