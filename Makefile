@@ -9,6 +9,15 @@ export PYTEST
 # The dev cluster's store engine for `make cluster` and `make integration`: sqlite or
 # postgresql (a private server under the cluster's directory, scripts/pg.sh).
 STORE   ?= sqlite
+# Its Slurm release and cgroup version for `make cluster`, `make demo`, `make integration`:
+# SLURM=22.05 (Debian 12's own packages; cgroup v1), 24.11 or 26.05 (in Debian roots,
+# scripts/slurm-root.sh; cgroup v2, 26.05 with SLUID cgroup paths); CGROUP=v1|v2 on the
+# latter two. Unset: the running cluster's, else 22.05. Another one replaces the cluster.
+SLURM   ?=
+CGROUP  ?=
+# `make test`: the whole suite on 22.05 (cgroup v1), then the tests that touch Slurm
+# (marker cluster) on each of these, each RELEASE/CGROUP
+OTHER_SLURMS := 24.11/v2 26.05/v2
 # The stand-in libnvidia-ml.so.1 the tests and the demo load below the real pynvml
 STANDIN := build/nvml/current/libnvidia-ml.so.1
 # Where `make test` keeps each part's JUnit XML for its closing total
@@ -27,17 +36,23 @@ demo: cluster
 # they cannot (scripts/test-pass.sh); TEST_WORKERS processes at once (default 4).
 # It ends with one line for the whole run (scripts/test-total.py, from each part's JUnit XML).
 test: venv lint
-	GPUEFF_STORE=sqlite $(CLUSTER) up
+	GPUEFF_STORE=sqlite GPUEFF_SLURM=22.05 GPUEFF_CGROUP=v1 $(CLUSTER) up
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	start=$$(date +%s); status=0; export GPUEFF_REQUIRE_CLUSTER=1 TEST_RESULTS=$(RESULTS); \
 	bash scripts/test-pass.sh "" tests || status=1; \
 	{ $(CLUSTER) store postgresql && bash scripts/test-pass.sh cluster_store tests/integration; } || status=1; \
 	$(CLUSTER) store sqlite || status=1; \
-	$(PY) scripts/test-total.py $(RESULTS) $$start $(foreach pass,all cluster_store,$(foreach part,$(TEST_PARTS),$(pass)-$(part))) \
+	for flavour in $(OTHER_SLURMS); do \
+	  echo "--- Slurm $${flavour%/*} on cgroup $${flavour#*/}: the tests that touch Slurm"; \
+	  { GPUEFF_STORE=sqlite GPUEFF_SLURM=$${flavour%/*} GPUEFF_CGROUP=$${flavour#*/} $(CLUSTER) up && \
+	    TEST_PASS_NAME=slurm-$${flavour%/*} bash scripts/test-pass.sh cluster tests/integration; } || status=1; \
+	done; \
+	$(PY) scripts/test-total.py $(RESULTS) $$start \
+	  $(foreach pass,all cluster_store $(foreach f,$(OTHER_SLURMS),slurm-$(firstword $(subst /, ,$(f)))),$(foreach part,$(TEST_PARTS),$(pass)-$(part))) \
 	  || status=1; exit $$status
 
 cluster: venv
-	GPUEFF_STORE=$(STORE) $(CLUSTER) up
+	GPUEFF_STORE=$(STORE) GPUEFF_SLURM=$(SLURM) GPUEFF_CGROUP=$(CGROUP) $(CLUSTER) up
 
 cluster-down:
 	$(CLUSTER) down

@@ -67,7 +67,8 @@ export SLURM_CONF=$ETC/slurm.conf   # slurmdbd finds slurmdbd.conf beside it
 # every other command from the marker of the cluster that runs (else the defaults).
 flavour() {
   local key value
-  [ "${1:-}" = up ] || [ ! -r "$MARKER" ] || while IFS== read -r key value; do
+  # `up` with no release asked for keeps the cluster's; with another, check_flavour replaces it
+  { [ "${1:-}" = up ] && [ -n "${GPUEFF_SLURM:-}" ]; } || [ ! -r "$MARKER" ] || while IFS== read -r key value; do
     case $key in slurm) SLURM_REL=$value ;; cgroup) CGROUP=$value ;; esac
   done <"$MARKER"
   SLURM_REL=${SLURM_REL:-${GPUEFF_SLURM:-22.05}}
@@ -846,13 +847,18 @@ node_ok() {
 }
 
 # A cluster's directory holds one release's state (slurmctld's, the accounting
-# database's): another release or cgroup version needs a new one.
+# database's): another release or cgroup version gets a new cluster, the old one taken down.
 check_flavour() {
   local made
   [ -r "$MARKER" ] || return 0
   made=$(paste -sd' ' "$MARKER")
-  [ -z "$made" ] || [ "$made" = "slurm=$SLURM_REL cgroup=$CGROUP" ] ||
-    die "the cluster under $DIR was made with $made, not slurm=$SLURM_REL cgroup=$CGROUP: run '$0 down' first"
+  [ -z "$made" ] || [ "$made" = "slurm=$SLURM_REL cgroup=$CGROUP" ] && return 0
+  say "the cluster under $DIR runs $made: taking it down for slurm=$SLURM_REL cgroup=$CGROUP"
+  local want_slurm=$SLURM_REL want_cgroup=$CGROUP
+  flavour # the old cluster's release, root and venv, for its `down`
+  cmd_down
+  SLURM_REL=$want_slurm CGROUP=$want_cgroup
+  flavour up
 }
 
 cmd_up() {

@@ -12,8 +12,8 @@
 # usage: scripts/test-pass.sh MARKEXPR PATH...   (MARKEXPR "" selects every test)
 #        scripts/test-pass.sh --parts               (the parts' names, for the total)
 # PYTEST is the Makefile's pytest command (make exports it). With TEST_RESULTS set to a
-# folder, each part writes its JUnit XML there as MARKEXPR-PART.xml (for the total that
-# `make test` prints at its end: scripts/test-total.py).
+# folder, each part writes its JUnit XML there as MARKEXPR-PART.xml, or TEST_PASS_NAME-PART.xml
+# (for the total that `make test` prints at its end: scripts/test-total.py).
 set -u
 cd "$(dirname "$0")/.."
 parts=(heavy side-by-side serial)
@@ -34,7 +34,7 @@ ran() {  # pytest's status: 5 (no test selected) is not a failure
 }
 
 results() {  # where a part writes its JUnit XML, if anywhere
-  if [ -n "${TEST_RESULTS:-}" ]; then echo "--junitxml=$TEST_RESULTS/${select:-all}-$1.xml"; fi
+  if [ -n "${TEST_RESULTS:-}" ]; then echo "--junitxml=$TEST_RESULTS/${TEST_PASS_NAME:-${select:-all}}-$1.xml"; fi
 }
 
 status=0

@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
               (("failures", "failed"), ("skipped", "skipped"), ("errors", "errors")) if total[key]]
     took = time.time() - start
     clock = f"{int(took // 3600)}:{int(took % 3600 // 60):02}:{int(took % 60):02}"
-    print(f"--- make test, every part of both passes ({len(parts) - len(missing)} of {len(parts)}):")
+    print(f"--- make test, every part of every pass ({len(parts) - len(missing)} of {len(parts)}):")
     print(f"{'=' * 20} {', '.join(words)} in {took:.2f}s ({clock}) {'=' * 20}")
     for part in missing:
         print(f"make test: the part {part} wrote no results", file=sys.stderr)
