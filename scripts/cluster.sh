@@ -543,12 +543,16 @@ write_configs() {
 
 # ---------------------------------------------------------------- a release's root
 
-# What a root shares with the host, at the same paths: the kernel's files, /tmp and the
-# checkout (a file made on the host can be handed to a job), the cluster's directory, and
+# What a root shares with the host, at the same paths: the kernel's files, /tmp, /var/tmp
+# and the checkout (a file made on the host can be handed to a job; a test's private
+# PostgreSQL server keeps its password file in /var/tmp), the cluster's directory, and
 # the host's CA bundle (pip). --make-rslave: unmounting these later must not reach back
 # into the host's own mounts. The users are copied, not bound (copy_users).
-ROOT_BINDS=(/dev /sys /tmp /etc/hosts /etc/ssl/certs)
-root_binds() { printf '%s\n' "${ROOT_BINDS[@]}" "$REPO" "$DIR"; }
+ROOT_BINDS=(/dev /sys /tmp /var/tmp /etc/hosts /etc/ssl/certs)
+root_binds() {
+  printf '%s\n' "${ROOT_BINDS[@]}" "$REPO"
+  case $DIR/ in /tmp/* | /var/tmp/*) ;; *) echo "$DIR" ;; esac
+}
 
 mount_root() {
   local path

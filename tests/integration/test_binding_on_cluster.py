@@ -74,7 +74,9 @@ def test_a_lying_gres_mapping_is_reported_as_a_mismatch(cluster: Cluster) -> Non
     honest = cluster.write("honest.toml", original)  # what the job itself reads
     liar = cluster.write("slurmd-liar", LIAR.format(devices=cluster.dir / "nodes" / NODE))
     liar.chmod(0o755)
-    etc.write_text(with_settings(original, "slurm", {"slurmd": str(liar)}))
+    # The liar's GPU map is a file of its own: the job's workload reads the node's true one.
+    lying = with_settings(original, "slurm", {"slurmd": str(liar)})
+    etc.write_text(lying.replace("gpu-map.json", "gpu-map-liar.json"))
     try:
         profile = cluster.profile([{"seconds": 25, "gpus": {"*": {"util": 80}}}])
         job = cluster.submit_profile("alice", profile, "-w", NODE, "--gres=gpu:1",

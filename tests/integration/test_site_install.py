@@ -28,8 +28,8 @@ HOOKS = {"prolog": "gpueff-prolog", "epilog": "gpueff-epilog", "mailprog": "gpue
 
 @pytest.fixture(scope="module")
 def site(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, and a venv of the system's python with it installed (its dependencies
-    from the package index, as a site would)."""
+    """The wheel, and a venv of the system's python (the release root's, where the cluster
+    has one) with it installed (its dependencies from the package index, as a site would)."""
     wheels = tmp_path_factory.mktemp("wheel")
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
                             str(REPO)], capture_output=True, text=True, timeout=300, check=False)
@@ -37,12 +37,12 @@ def site(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     (wheel,) = wheels.glob("slurm_gpu_eff-*.whl")
     venv = cluster.dir / "site"
     subprocess.run(["rm", "-rf", str(venv)], check=True)
-    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
-    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
-                           str(wheel)], capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr
-    subprocess.run([str(venv / "bin" / "python"), "-c",
-                    "from slurm_gpu_eff.report.render import precompile; precompile()"], check=True)
+    for step in (["/usr/bin/python3", "-m", "venv", str(venv)],
+                 [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+                 [str(venv / "bin" / "python"), "-c",
+                  "from slurm_gpu_eff.report.render import precompile; precompile()"]):
+        done = cluster.run(step, timeout=600, env={"HOME": "/tmp"})
+        assert done.code == 0, (step, done.err)
     return venv
 
 
@@ -55,7 +55,9 @@ def installed(cluster: Cluster, site: Path) -> Iterator[Path]:
     mode = REPO.stat().st_mode & 0o777
     try:
         for name, program in HOOKS.items():
-            (etc / name).write_text(before[name].replace(_target(before[name]), str(site / "bin" / program)))
+            text = before[name].replace(_target(before[name]), str(site / "bin" / program))
+            # the interpreter the hook wrappers name (the release's venv): the site's
+            (etc / name).write_text(text.replace(cluster.python, str(site / "bin" / "python")))
         os.chmod(REPO, 0o700)
         yield site
     finally:
@@ -82,8 +84,7 @@ def test_a_gpu_job_through_the_site_install(cluster: Cluster, installed: Path, s
     # the site's interpreter, isolated (-I): its import path is the site venv's and the
     # standard library's, nothing of the checkout
     probe = "import json, sys; print(json.dumps(sys.path))"
-    path = json.loads(subprocess.run([sampler[0], "-I", "-c", probe], capture_output=True, text=True,
-                                     check=True).stdout)
+    path = json.loads(cluster.run([sampler[0], "-I", "-c", probe]).out)
     assert path and not [p for p in path if p.startswith(str(REPO))], path
     assert cluster.wait_done(job) == "COMPLETED", cluster.output(job)
     report = cluster.run([str(site / "bin" / "gpueff"), job], user="alice")
