@@ -97,27 +97,21 @@ static mode_t mode_of(int flags, va_list args)
     return (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(args, int) : 0;
 }
 
-int open(const char *path, int flags, ...)
-{
-    va_list args;
-    mode_t mode;
+/* open() and open64() alike (a mode argument comes only with O_CREAT or O_TMPFILE) */
+#define WRAP_OPEN(fn)                                  \
+    int fn(const char *path, int flags, ...)           \
+    {                                                  \
+        va_list args;                                  \
+        mode_t mode;                                   \
+                                                       \
+        va_start(args, flags);                         \
+        mode = mode_of(flags, args);                   \
+        va_end(args);                                  \
+        return wrap_open(#fn, path, flags, mode);      \
+    }
 
-    va_start(args, flags);
-    mode = mode_of(flags, args);
-    va_end(args);
-    return wrap_open("open", path, flags, mode);
-}
-
-int open64(const char *path, int flags, ...)
-{
-    va_list args;
-    mode_t mode;
-
-    va_start(args, flags);
-    mode = mode_of(flags, args);
-    va_end(args);
-    return wrap_open("open64", path, flags, mode);
-}
+WRAP_OPEN(open)
+WRAP_OPEN(open64)
 
 /* What _FORTIFY_SOURCE builds (Debian's) call for open(path, flags) */
 int __open_2(const char *path, int flags) { return wrap_open("open", path, flags, 0); }
