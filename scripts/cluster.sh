@@ -566,12 +566,17 @@ mount_root() {
 }
 
 # Deepest first; lazily, so a process that still has a file open there cannot stop it.
+# Again while any is left: a mount stacked over another hides it until it goes.
 unmount_root() {
-  local target
+  local target round
   [ -n "$ROOT" ] && [ -d "$ROOT" ] || return 0
-  awk -v root="$ROOT/" 'index($5, root) == 1 { print $5 }' /proc/self/mountinfo | sort -r |
-    while read -r target; do umount -l "$target" 2>/dev/null || true; done
+  for round in 1 2 3 4 5; do
+    mounted_in_root | grep -q . || return 0
+    mounted_in_root | sort -r | while read -r target; do umount -l "$target" 2>/dev/null || true; done
+  done
+  say "still mounted under $ROOT: $(mounted_in_root | paste -sd' ')"
 }
+mounted_in_root() { awk -v root="$ROOT/" 'index($5, root) == 1 { print $5 }' /proc/self/mountinfo; }
 
 # The release's own venv, made by the root's Python (jobs and hooks run it there).
 ensure_root_venv() {
