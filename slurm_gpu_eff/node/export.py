@@ -26,7 +26,7 @@ METRICS = (
 
 
 class Figures(Protocol):
-    """One GPU's live figures (node/sampler.GpuStats gives them)."""
+    """One GPU's live figures (node/live.LiveFigures gives them, from a GpuStats)."""
 
     def live(self) -> dict[str, float | None]: ...
 

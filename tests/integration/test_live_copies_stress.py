@@ -50,7 +50,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def deliverer(spool: Spool, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """What LiveDelivery starts (node/sampler.py: spawn_delivery)."""
+    """What LiveDelivery starts (node/live.py: spawn_delivery)."""
     return subprocess.Popen([sys.executable, "-I", "-m", "slurm_gpu_eff.store.deliver", spool.root, "--once"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -159,12 +159,18 @@ def test_without_a_sluid_no_process_outside_any_job_is_taken_for_the_jobs(tmp_pa
 def test_the_sampler_looks_at_the_nodes_other_gpus(sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job's workload plays on minor 2 while the sampler is bound to minor 0: the
     summary says mismatch (the workload's pid is this test process; its job is faked)."""
+    from slurm_gpu_eff.node import gpustats
     from slurm_gpu_eff.node import sampler as sampler_module
     from slurm_gpu_eff.node.jobenv import JobContext
 
     sim_node.write_state(2, {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80}}}]},
                          started_at=sim_node.now - 10, pid=os.getpid())
-    monkeypatch.setattr(sampler_module, "job_of_pid", lambda pid: "4242" if pid == os.getpid() else "")
+
+    def job_of_pid(pid: int) -> str:
+        return "4242" if pid == os.getpid() else ""
+
+    monkeypatch.setattr(sampler_module, "job_of_pid", job_of_pid)  # the node's other GPUs
+    monkeypatch.setattr(gpustats, "job_of_pid", job_of_pid)  # the bound ones
     session = sim_node.session()
     gpus = session.bind([0])
     job = JobContext(job_id="4242", node="gpu1")

@@ -13,7 +13,7 @@ import pytest
 
 from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import GpuEffError
-from slurm_gpu_eff.node import jobenv
+from slurm_gpu_eff.node import gpustats, jobenv, orphan
 from slurm_gpu_eff.node import sampler as sampler_module
 from slurm_gpu_eff.node.gpu import Reading
 from slurm_gpu_eff.node.jobenv import JobContext
@@ -63,7 +63,12 @@ def test_the_sampler_gives_the_sluid_to_its_gpus_and_binding_check(sim_node: Any
 
     sim_node.write_state(2, {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80}}}]},
                          started_at=sim_node.now - 10, pid=os.getpid())
-    monkeypatch.setattr(sampler_module, "job_of_pid", lambda pid: SLUID if pid == os.getpid() else "")
+
+    def job_of_pid(pid: int) -> str:
+        return SLUID if pid == os.getpid() else ""
+
+    monkeypatch.setattr(sampler_module, "job_of_pid", job_of_pid)  # the node's other GPUs
+    monkeypatch.setattr(gpustats, "job_of_pid", job_of_pid)  # the bound ones
     session = sim_node.session()
     job = JobContext(job_id="4242", node="gpu1", sluid=SLUID)
     sampler = sampler_module.Sampler(job, sim_node.config, session.bind([0]), clock=sim_node.clock,
@@ -88,7 +93,7 @@ def test_the_orphan_watch_sees_the_jobs_cgroup_and_its_going(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: JobContext, where: str,
 ) -> None:
     real = jobenv.job_cgroup_exists
-    monkeypatch.setattr(sampler_module, "job_cgroup_exists",
+    monkeypatch.setattr(orphan, "job_cgroup_exists",
                         lambda name, node: real(name, node, str(tmp_path)))
     watch = OrphanWatch(job, str(tmp_path / "absent" / "squeue"))
     assert not watch.ended() and not watch.seen  # not there yet

@@ -107,15 +107,15 @@ def test_the_jobs_cgroup_is_found_in_v1_per_node_and_v2_layouts(tmp_path: Path) 
 def test_an_orphaned_sampler_stops_only_when_slurm_agrees_the_job_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from slurm_gpu_eff.node import sampler
+    from slurm_gpu_eff.node import orphan
     from slurm_gpu_eff.node.jobenv import JobContext
 
     exists = {"now": True}
-    monkeypatch.setattr(sampler, "job_cgroup_exists", lambda job, node: exists["now"])
+    monkeypatch.setattr(orphan, "job_cgroup_exists", lambda job, node: exists["now"])
     squeue = tmp_path / "squeue"
     squeue.write_text("#!/bin/sh\necho RUNNING\n")
     squeue.chmod(0o755)
-    watch = sampler.OrphanWatch(JobContext("42", "gpu1"), str(squeue))
+    watch = orphan.OrphanWatch(JobContext("42", "gpu1"), str(squeue))
     assert not watch.ended()  # cgroup seen
     exists["now"] = False
     assert [watch.ended() for _ in range(4)] == [False] * 4  # gone, but Slurm says running
