@@ -69,7 +69,7 @@ flavour() {
   local key value
   # `up` with no release asked for keeps the cluster's; with another, check_flavour replaces it
   { [ "${1:-}" = up ] && [ -n "${GPUEFF_SLURM:-}" ]; } || [ ! -r "$MARKER" ] || while IFS== read -r key value; do
-    case $key in slurm) SLURM_REL=$value ;; cgroup) CGROUP=$value ;; esac
+    case $key in slurm) SLURM_REL=$value ;; cgroup) CGROUP=$value ;; esac # repo: check_flavour
   done <"$MARKER"
   SLURM_REL=${SLURM_REL:-${GPUEFF_SLURM:-22.05}}
   [ "$SLURM_REL" = 22.05 ] && CGROUP=${CGROUP:-${GPUEFF_CGROUP:-v1}} || CGROUP=${CGROUP:-${GPUEFF_CGROUP:-v2}}
@@ -210,7 +210,7 @@ prepare_dir() {
   # replace (rename over) the state file that a job of alice's left on the same GPU.
   local node
   for node in $(all_nodes); do install -d -m 0777 "$DIR/sim/state/$node"; done
-  printf 'slurm=%s\ncgroup=%s\n' "$SLURM_REL" "$CGROUP" >"$MARKER"
+  printf 'slurm=%s\ncgroup=%s\nrepo=%s\n' "$SLURM_REL" "$CGROUP" "$REPO" >"$MARKER"
 }
 
 ensure_users() {
@@ -861,8 +861,10 @@ check_flavour() {
   local made
   [ -r "$MARKER" ] || return 0
   made=$(paste -sd' ' "$MARKER")
-  [ -z "$made" ] || [ "$made" = "slurm=$SLURM_REL cgroup=$CGROUP" ] && return 0
-  say "the cluster under $DIR runs $made: taking it down for slurm=$SLURM_REL cgroup=$CGROUP"
+  # Another checkout's cluster too: on cgroup v2 its slurmds' private mount namespaces
+  # were made before this checkout was bound into the root, and never see it.
+  [ -z "$made" ] || [ "$made" = "slurm=$SLURM_REL cgroup=$CGROUP repo=$REPO" ] && return 0
+  say "the cluster under $DIR runs $made: taking it down for slurm=$SLURM_REL cgroup=$CGROUP repo=$REPO"
   local want_slurm=$SLURM_REL want_cgroup=$CGROUP
   flavour # the old cluster's release, root and venv, for its `down`
   cmd_down
