@@ -755,9 +755,9 @@ start_slurmd() {
 
 # cgroup v2 on a host that mounts v1 (slurm-newer.md, "cgroup v2 here"): slurmd in a
 # cgroup of its own in the host's unified hierarchy, then in a private mount and cgroup
-# namespace rooted there, with a cgroup2 mount at (its root's) /sys/fs/cgroup and the
-# preload that shows it only the "0::" line of /proc/PID/cgroup. The one process goes from
-# sh to unshare to chroot to slurmd by exec, so nothing else is in that cgroup while slurmd
+# namespace rooted there, with a cgroup2 mount at its root's /sys/fs/cgroup (set_preload
+# makes every process of the root see only the "0::" line of /proc/PID/cgroup). The one
+# process goes from bash to unshare to chroot to slurmd by exec, so nothing else is in that cgroup while slurmd
 # empties it (a short-lived process there made slurmd fail: "cannot empty the false root").
 start_slurmd_v2() {
   mkdir -p "$CG2_PARENT/$1" || return 1

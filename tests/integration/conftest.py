@@ -76,7 +76,6 @@ class Cluster:
         self.venv = Path(env["GPUEFF_VENV"])
         self.sim = self.venv / "bin" / "gpueff-sim"
         self.python = str(self.venv / "bin" / "python")
-        self.release = env["GPUEFF_SLURM"]
         # How each submit_profile job was submitted, so that a lost launch can be redone.
         self.submitted: dict[str, tuple[str, Path, tuple[str, ...], str, str]] = {}
 
