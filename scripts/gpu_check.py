@@ -23,6 +23,7 @@ torch and pynvml are imported inside the functions that drive them, so the pure 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import math
@@ -59,12 +60,19 @@ CPU_INTERVAL_S = 0.02
 CPU_RUN_S = 6.0
 BARE_READS = 250
 
-# Verdict thresholds.
-UTIL_POINTS = 5.0  # sampler vs nvidia-smi, and vs the CUDA events' busy fraction
-MEM_BYTES = 256 * MIB  # sampler's peak vs PyTorch's reserved peak + the context's baseline
-ENERGY_FRACTION = 0.03  # sampler vs the driver's counter, read beside it
+# Verdict thresholds: issue 22's bounds (utilisation 2 points, energy 2%, memory 1%).
+UTIL_POINTS = 2.0  # sampler vs nvidia-smi, and vs the CUDA events' busy fraction
+MEM_FRACTION = 0.01  # sampler's peak vs PyTorch's reserved peak + the context's baseline
+ENERGY_FRACTION = 0.02  # sampler vs the driver's counter, read beside it
 POWER_FRACTION, POWER_W = 0.05, 5.0  # sampler vs nvidia-smi: 5% or 5 W, whichever is larger
-CPU_MS, CPU_RATIO = 1.0, 1.5  # the bench's bar (issue #7)
+CPU_MS, CPU_RATIO = 1.0, 1.2  # the bench's bar (issue 21)
+# GPM (Hopper and newer): what each phase should give. An idle GPU and one holding memory
+# run no kernels; back-to-back large matrix products keep every SM busy and, in bf16, the
+# tensor cores; the square wave gives the busy phase's figures scaled by its duty.
+GPM_IDLE_MAX = 2.0  # points of SM or tensor activity with no kernel running
+GPM_BUSY_SM_MIN = 80.0  # SM activity of back-to-back 8192^2 products
+GPM_BUSY_TENSOR_MIN = 20.0  # tensor activity of the same, in bf16/fp16
+GPM_SCALED_POINTS = 5.0  # square wave vs busy x (its busy fraction / the busy phase's)
 
 SMI_QUERY = "index,utilization.gpu,memory.used,power.draw"
 
@@ -158,6 +166,9 @@ class PhaseResult:
     smi_mem_max_bytes: float | None = None
     smi_power_w: float | None = None
     sampler_cpu_s: float | None = None
+    gpm: bool | None = None  # the sampler's summary: GPM read on this GPU
+    sm_active: float | None = None  # GPM means over the phase, percent
+    tensor_active: float | None = None
 
 
 def metric(gpu: dict[str, Any], name: str, stat: str) -> float | None:
@@ -190,6 +201,9 @@ def phase_result(
         result.mem_max_bytes = metric(gpu, "mem_used_bytes", "max")
         result.power_w = metric(gpu, "power_w", "mean")
         result.energy_j = gpu.get("energy_j")
+        result.gpm = gpu.get("gpm")
+        result.sm_active = metric(gpu, "sm_active", "mean")
+        result.tensor_active = metric(gpu, "tensor_active", "mean")
     if smi is not None:
         start, end = result.sampled_from, result.sampled_until
         result.smi_rows = 0
@@ -242,8 +256,9 @@ def phase_checks(result: PhaseResult, baseline: float | None) -> list[Check]:
     busy = None if result.busy_fraction is None else 100 * result.busy_fraction
     checks.append(check("util/events", result.util, busy, UTIL_POINTS, "points"))
     if result.name != "idle":  # the idle phase defines the baseline: nothing to compare
-        checks.append(check("memory", result.mem_max_bytes, expected_memory(result, baseline),
-                            MEM_BYTES, "MiB", MIB))
+        expected = expected_memory(result, baseline)
+        limit = MEM_FRACTION * (expected or 0.0)
+        checks.append(check("memory", result.mem_max_bytes, expected, limit, "MiB", MIB))
     counter = result.counter_energy_j
     if result.energy_j is None or counter is None or counter <= 0:
         checks.append(Check("energy", None, "not measured"))
@@ -311,7 +326,7 @@ def table_row(result: PhaseResult, baseline: float | None) -> str:
 LEGEND = (
     f"checks: util/smi |sampler - nvidia-smi| <= {UTIL_POINTS:g} points; util/events |sampler - "
     f"CUDA-event busy| <= {UTIL_POINTS:g} points;\n"
-    f"        memory |sampler peak - (PyTorch reserved peak + context)| <= {MEM_BYTES // MIB} MiB; "
+    f"        memory |sampler peak - (PyTorch reserved peak + context)| <= {100 * MEM_FRACTION:g}%; "
     f"energy |sampler - driver counter| <= {100 * ENERGY_FRACTION:g}%;\n"
     f"        power/smi <= {100 * POWER_FRACTION:g}% or {POWER_W:g} W; sampler: summary complete, "
     f"more than one sample"
@@ -332,15 +347,26 @@ def cpu_line(cpu: CpuFigure) -> str:
     )
 
 
-def format_table(results: list[PhaseResult], cpu: CpuFigure, notes: list[str], title: str = "") -> str:
+def format_table(
+    results: list[PhaseResult], cpu: CpuFigure, notes: list[str], title: str = "",
+    probe: Probe | None = None, refused: list[Check] | None = None,
+) -> str:
     baseline = context_baseline(results)
     lines = [title] if title else []
-    lines += [HEADER, *(table_row(r, baseline) for r in results), "", cpu_line(cpu), "", LEGEND]
+    lines += [HEADER, *(table_row(r, baseline) for r in results), ""]
+    gpu_has_gpm = None if probe is None else probe.gpm
+    if any(r.gpm is not None for r in results) or probe is not None:
+        lines += [*gpm_lines(results, gpu_has_gpm), ""]
+    lines += [cpu_line(cpu), ""]
+    if probe is not None:
+        lines += [*probe_lines(probe, refused or []), ""]
+    lines.append(LEGEND)
     if baseline is not None:
         lines.append(f"torch+ctx = PyTorch's reserved peak + the context's {baseline / MIB:.0f} MiB "
                      f"(the sampler's idle peak less PyTorch's reserved bytes then)")
+    busy = busy_phase(results)
     for result in results:
-        for item in phase_checks(result, baseline):
+        for item in phase_checks(result, baseline) + gpm_checks(result, busy, gpu_has_gpm):
             if item.ok is False:
                 lines.append(f"  {result.name} {item.name}: {item.detail}")
     lines += [f"note: {n}" for n in notes]
@@ -349,18 +375,206 @@ def format_table(results: list[PhaseResult], cpu: CpuFigure, notes: list[str], t
 
 def report_json(
     results: list[PhaseResult], cpu: CpuFigure, notes: list[str], gpu: dict[str, Any],
+    probe: Probe | None = None, refused: list[Check] | None = None,
 ) -> dict[str, Any]:
     baseline = context_baseline(results)
+    busy, has_gpm = busy_phase(results), None if probe is None else probe.gpm
     return {
         "gpu": gpu, "context_baseline_bytes": baseline, "notes": notes,
         "phases": [
             {**asdict(r), "expected_mem_bytes": expected_memory(r, baseline),
              "verdict": verdict(phase_checks(r, baseline)),
-             "checks": [asdict(c) for c in phase_checks(r, baseline)]}
+             "checks": [asdict(c) for c in phase_checks(r, baseline)],
+             "gpm_verdict": verdict(gpm_checks(r, busy, has_gpm)),
+             "gpm_checks": [asdict(c) for c in gpm_checks(r, busy, has_gpm)]}
             for r in results
         ],
         "cpu": {**asdict(cpu), "check": asdict(cpu_check(cpu))},
+        "probe": None if probe is None else asdict(probe),
+        "report_checks": [asdict(c) for c in refused or []],
     }
+
+
+# --- GPM: SM and tensor activity against what each phase should give -----------------------
+
+
+def gpm_expected(result: PhaseResult, busy: PhaseResult | None, name: str) -> tuple[float, float] | None:
+    """(low, high) that `name` (sm_active, tensor_active) should fall in for this phase;
+    None where nothing sets it (the square wave without a busy phase to scale)."""
+    if result.name in ("idle", "memory"):
+        return 0.0, GPM_IDLE_MAX
+    if result.name == "busy":
+        return (GPM_BUSY_SM_MIN if name == "sm_active" else GPM_BUSY_TENSOR_MIN), 100.0
+    full = None if busy is None else getattr(busy, name)
+    if full is None or not busy or not busy.busy_fraction or result.busy_fraction is None:
+        return None
+    scaled = full * result.busy_fraction / busy.busy_fraction
+    return max(0.0, scaled - GPM_SCALED_POINTS), scaled + GPM_SCALED_POINTS
+
+
+def gpm_checks(result: PhaseResult, busy: PhaseResult | None, gpu_has_gpm: bool | None) -> list[Check]:
+    """A GPM figure that is null where the GPU has GPM is a fault; one outside its range too."""
+    checks = []
+    for name in ("sm_active", "tensor_active"):
+        value = getattr(result, name)
+        if value is None:
+            ok = None if not gpu_has_gpm else False
+            why = "null where the GPU has GPM" if gpu_has_gpm else "not measured (no GPM here)"
+            checks.append(Check(name, ok, why))
+            continue
+        bounds = gpm_expected(result, busy, name)
+        if bounds is None:
+            checks.append(Check(name, None, "nothing to compare with"))
+            continue
+        low, high = bounds
+        checks.append(Check(name, low <= value <= high, f"{value:.1f}% (expected {low:.1f} to {high:.1f})"))
+    return checks
+
+
+def busy_phase(results: list[PhaseResult]) -> PhaseResult | None:
+    return next((r for r in results if r.name == "busy"), None)
+
+
+def gpm_lines(results: list[PhaseResult], gpu_has_gpm: bool | None) -> list[str]:
+    busy = busy_phase(results)
+    lines = [f"{'GPM':7s}{'SM active %':>12s}{'expected':>14s} {'tensor %':>9s}{'expected':>14s}  verdict"]
+    for result in results:
+        cells = []
+        for name in ("sm_active", "tensor_active"):
+            bounds = gpm_expected(result, busy, name)
+            span = "-" if bounds is None else f"{bounds[0]:.0f}-{bounds[1]:.0f}"
+            cells.append((num(getattr(result, name)), span))
+        (sm, sm_span), (tensor, tensor_span) = cells
+        lines.append(f"{result.name:7s}{sm:>12s}{sm_span:>14s} {tensor:>9s}{tensor_span:>14s}"
+                     f"  {verdict(gpm_checks(result, busy, gpu_has_gpm))}")
+    return lines
+
+
+# --- what NVML refused here, and what the report says for it --------------------------------
+
+# A figure of the report -> the sampler's calls it rests on (gpu.py's names, as the Gpu
+# object remembers a call the GPU lacks) and the report's JSON field that must then be null.
+REPORT_FIGURES = {
+    "util_mean": ("nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates"),
+    "power_mean_w": ("nvmlDeviceGetPowerUsage",),
+    "energy_j": ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage"),
+    "mem_used_max_bytes": ("memory_v2", "nvmlDeviceGetMemoryInfo"),
+    "sm_active_mean": ("GPM",),
+    "tensor_active_mean": ("GPM",),
+}
+
+
+@dataclass
+class Probe:
+    """The sampler's own NVML calls on this GPU, through the package's Gpu object."""
+
+    unsupported: list[str]  # calls NVML answered NOT_SUPPORTED (or lacks), by gpu.py's names
+    errors: list[str]  # other errors, as the sampler would note them
+    gpm: bool | None  # the GPU has GPM and a GPM sample pair could be taken
+    events: str  # "ok", or why XID events cannot be watched
+    runtime: str  # the machine's kernel, and gVisor / Firecracker where it tells
+
+
+def machine_runtime() -> str:
+    release = os.uname().release
+    kind = "gVisor" if release.startswith("4.4.0") else "Firecracker" if "-fc-" in release else "Linux"
+    return f"{kind} (kernel {release})"
+
+
+def probe_nvml(gpu: GpuInfo, config_path: str | None = None) -> Probe:
+    """Bind the GPU as the sampler does and poll it a few times (per-process reads too):
+    what it marks unsupported is what every sampler on this machine will leave unmeasured."""
+    from slurm_gpu_eff.config import load_config
+    from slurm_gpu_eff.node.gpu import Gpu, load_nvml
+
+    nvml = gpu.nvml if config_path is None else load_nvml(load_config(config_path))
+    handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+    bound = Gpu(nvml, handle, gpu.index, gpu.minor, gpu.uuid)
+    has_gpm = bound.gpm is not None
+    got_gpm = False
+    try:
+        for _ in range(4):
+            time.sleep(0.3)
+            reading = bound.read(per_process=True)
+            got_gpm = got_gpm or bool(reading.gpm)
+    finally:
+        bound.close()
+    unsupported = set(bound.unsupported)
+    if not has_gpm:
+        unsupported.add("GPM")
+    return Probe(sorted(unsupported), list(bound.errors), has_gpm and got_gpm, xid_events(nvml, handle),
+                 machine_runtime())
+
+
+def xid_events(nvml: Any, handle: Any) -> str:
+    try:
+        events = nvml.nvmlEventSetCreate()
+    except nvml.NVMLError as exc:
+        return f"nvmlEventSetCreate: {exc}"
+    try:
+        nvml.nvmlDeviceRegisterEvents(handle, 0x8, events)  # nvmlEventTypeXidCriticalError
+        return "ok"
+    except nvml.NVMLError as exc:
+        return f"nvmlDeviceRegisterEvents: {exc}"
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlEventSetFree(events)
+
+
+def phase_report(summary: dict[str, Any], phase: str, job_id: str) -> tuple[str, dict[str, Any]]:
+    """The report a user would read for this phase's job (text, JSON), through the
+    package's own build and render; Slurm's accounting figures are made up beside it."""
+    from slurm_gpu_eff.model import NodeSummary
+    from slurm_gpu_eff.report.job import build_report
+    from slurm_gpu_eff.report.render import render_json, render_text
+    from slurm_gpu_eff.slurm import SlurmJob
+
+    node = NodeSummary.from_dict(summary)
+    start = node.run_started_at or node.started_at or time.time()
+    until = node.sampled_until or start
+    job = SlurmJob(
+        job_id=job_id, job_id_raw=job_id, name=f"gpu-check {phase}", cluster="gpucheck", user=user_name(),
+        account="gpucheck", partition="gpu", state="COMPLETED", exit_code="0:0",
+        elapsed_s=max(1, round(until - start)), timelimit_s=None,
+        start=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)),
+        end=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(until)), ncpus=1, nnodes=1, nodelist=node.node,
+        total_cpu_s=0.0, alloc_mem_bytes=None, max_rss_bytes=None, gpus=1,
+    )
+    report = build_report(job, [node])
+    return render_text(report), json.loads(render_json(report))
+
+
+def not_measured_checks(report: dict[str, Any], unsupported: list[str]) -> list[Check]:
+    """Each report figure whose every call NVML refused must be null (shown "n/a" / "not
+    measured"), never 0; a figure whose calls all answered must be there."""
+    gpus = report.get("gpus") or []
+    line = gpus[0] if gpus else {}
+    checks = []
+    for field, calls in REPORT_FIGURES.items():
+        refused = all(c in unsupported for c in calls)
+        value = line.get(field)
+        if refused:
+            why = f"refused ({', '.join(calls)}): report shows {value!r}"
+            checks.append(Check(field, value is None, why))
+        elif field == "energy_j" or not any(c in unsupported for c in calls):
+            checks.append(Check(field, value is not None, f"measured: report shows {value!r}"))
+    return checks
+
+
+def probe_lines(probe: Probe, checks: list[Check]) -> list[str]:
+    refused = ", ".join(probe.unsupported) or "none"
+    lines = [f"machine: {probe.runtime}",
+             f"NVML calls refused here (NOT_SUPPORTED or missing): {refused}",
+             f"GPM: {'read' if probe.gpm else 'not available'}; XID events: {probe.events}"]
+    lines += [f"NVML error while probing: {e}" for e in probe.errors]
+    failed = [c for c in checks if c.ok is False]
+    if not checks:
+        lines.append("report: not built")
+    elif not failed:
+        lines.append("report: each figure NVML refused reads not measured, each it answered has a figure")
+    else:
+        lines.append("report OFF: " + "; ".join(f"{c.name} {c.detail}" for c in failed))
+    return lines
 
 
 # --- the site: config, job environment, sampler processes --------------------------------
@@ -908,7 +1122,7 @@ def phase_player(workload: Workload, name: str, seconds: float) -> Callable[[], 
 
 def play_phases(
     site: Site, workload: Workload, gpu: GpuInfo, scale: float,
-) -> tuple[list[PhaseResult], SmiWatch]:
+) -> tuple[list[PhaseResult], SmiWatch, dict[str, dict[str, Any]]]:
     smi = SmiWatch(smi_command(gpu.uuid))
     smi.start()
     played_runs = []
@@ -924,7 +1138,8 @@ def play_phases(
     rows = smi.rows() if smi.note == "" else None
     results = [phase_result(name, played, summary, counter, rows, cpu_s)
                for name, summary, played, counter, cpu_s in played_runs]
-    return results, smi
+    summaries = {name: summary for name, summary, _, _, _ in played_runs if summary is not None}
+    return results, smi, summaries
 
 
 def notes_for(results: list[PhaseResult], smi: SmiWatch, cpu: CpuFigure) -> list[str]:
@@ -942,22 +1157,33 @@ def notes_for(results: list[PhaseResult], smi: SmiWatch, cpu: CpuFigure) -> list
     return notes
 
 
-def save(out: Path, site_root: Path, report: dict[str, Any], table: str, smi: SmiWatch) -> None:
-    """The table as text and JSON, and the raw material: nvidia-smi's lines with their
-    arrival times, each sampler summary, the sampler log and stderr, the config."""
+def save(out: Path, site_root: Path, report: dict[str, Any], table: str, smi: SmiWatch,
+         reports: dict[str, str]) -> None:
+    """The table as text and JSON, and the raw material in one archive (the device tool
+    brings back 8 files at most): nvidia-smi's lines with their arrival times, each sampler
+    summary, the report a user would read for each phase, the sampler log and stderr, the
+    config."""
+    import tarfile
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "gpu_check.txt").write_text(table + "\n", encoding="utf-8")
-    (out / "nvidia-smi.log").write_text("".join(f"{at:.3f} {line}\n" for at, line in smi.lines),
+    raw = site_root / "raw"
+    raw.mkdir(exist_ok=True)
+    (raw / "nvidia-smi.log").write_text("".join(f"{at:.3f} {line}\n" for at, line in smi.lines),
                                         encoding="utf-8")
+    for phase, text_report in reports.items():
+        (raw / f"report-{phase}.txt").write_text(text_report, encoding="utf-8")
     for phase, job_dir in zip((n for n, _ in PHASES), sorted((site_root / "spool" / NODE / "jobs").iterdir()),
                               strict=False):
         if (job_dir / SUMMARY).exists():
-            shutil.copy(job_dir / SUMMARY, out / f"summary-{phase}-{job_dir.name}.json")
+            shutil.copy(job_dir / SUMMARY, raw / f"summary-{phase}-{job_dir.name}.json")
     for source, target in (("gpueff.toml", "gpueff.toml"), ("sampler.stderr", "sampler.stderr"),
                            (f"log/{NODE}.log", "sampler.log")):
         if (site_root / source).exists():
-            shutil.copy(site_root / source, out / target)
+            shutil.copy(site_root / source, raw / target)
+    with tarfile.open(out / "gpu_check_raw.tar.gz", "w:gz") as archive:
+        archive.add(raw, arcname="gpu_check_raw")
 
 
 def check_gpu(args: argparse.Namespace) -> int:
@@ -974,19 +1200,52 @@ def check_gpu(args: argparse.Namespace) -> int:
         workload = Workload(torch, index)
         site = Site(root / "phases", python, write_site(root / "phases", python[0], SAMPLER_INTERVAL_S,
                                                         gpu.minor))
-        results, smi = play_phases(site, workload, gpu, scale)
+        results, smi, summaries = play_phases(site, workload, gpu, scale)
+        try:
+            probe = probe_nvml(gpu)
+        except Exception as exc:  # the phases' table still comes out, saying the probe broke
+            broke = f"the probe failed: {type(exc).__name__}: {exc}"
+            probe = Probe([], [broke], None, "?", machine_runtime())
+        texts, refused = phase_reports(summaries, probe)
         notes = notes_for(results, smi, cpu)
         title = (f"gpu-check: {gpu.name}, NVML index {gpu.index}, minor {gpu.minor}, {gpu.uuid}, "
-                 f"driver {gpu.driver}\nPyTorch {torch.__version__} on cuda:{index}: "
+                 f"driver {gpu.driver}, NVML {nvml_version(gpu)}; {probe.runtime}\n"
+                 f"PyTorch {torch.__version__} on cuda:{index}: "
                  f"{str(workload.dtype).removeprefix('torch.')} {MATMUL_SIZE}^2 products of "
                  f"{workload.matmul_s * 1000:.2f} ms; sampler every {SAMPLER_INTERVAL_S:g} s\n")
-        table = format_table(results, cpu, notes, title)
+        table = format_table(results, cpu, notes, title, probe, refused)
         print(table)
         if args.out:
             info = {**gpu.describe(), "torch": torch.__version__, "cuda_index": index,
                     "dtype": str(workload.dtype), "matmul_s": workload.matmul_s, "scale": scale}
-            save(Path(args.out), root / "phases", report_json(results, cpu, notes, info), table, smi)
+            data = report_json(results, cpu, notes, info, probe, refused)
+            save(Path(args.out), root / "phases", data, table, smi, texts)
     return 0
+
+
+def nvml_version(gpu: GpuInfo) -> str:
+    try:
+        return text(gpu.nvml.nvmlSystemGetNVMLVersion())
+    except gpu.nvml.NVMLError:
+        return "?"
+
+
+def phase_reports(summaries: dict[str, dict[str, Any]], probe: Probe) -> tuple[dict[str, str], list[Check]]:
+    """Each phase's report as a user reads it, and the not-measured checks on the busy one
+    (every figure has something to show there). A report that cannot be built is a note."""
+    texts: dict[str, str] = {}
+    checks: list[Check] = []
+    for number, (phase, summary) in enumerate(summaries.items()):
+        try:
+            text_report, data = phase_report(summary, phase, str(FIRST_JOB_ID + 100 + number))
+        except Exception as exc:  # the check reports what broke; the table still comes out
+            texts[phase] = f"no report: {type(exc).__name__}: {exc}\n"
+            checks.append(Check(f"report-{phase}", False, f"{type(exc).__name__}: {exc}"))
+            continue
+        texts[phase] = text_report
+        if phase == "busy":
+            checks += not_measured_checks(data, probe.unsupported)
+    return texts, checks
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

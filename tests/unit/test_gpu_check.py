@@ -21,6 +21,7 @@ import pytest
 
 from slurm_gpu_eff import model
 from slurm_gpu_eff.config import load_config
+from tests import standin
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.py"
@@ -178,15 +179,15 @@ def test_a_phase_that_agrees_everywhere_is_ok() -> None:
 
 
 @pytest.mark.parametrize("figures, name, ok", [
-    ({"smi_util": 93.0}, "util/smi", True),  # 5 points: on the line
-    ({"smi_util": 92.9}, "util/smi", False),
-    ({"busy_fraction": 1.03}, "util/events", True),
-    ({"busy_fraction": 0.929}, "util/events", False),
-    ({"mem_max_bytes": (900 + 256) * MIB}, "memory", True),
-    ({"mem_max_bytes": (900 + 257) * MIB}, "memory", False),
-    ({"mem_max_bytes": (900 - 257) * MIB}, "memory", False),
-    ({"energy_j": 9750.0 * 1.03}, "energy", True),
-    ({"energy_j": 9750.0 * 0.969}, "energy", False),
+    ({"smi_util": 96.0}, "util/smi", True),  # 2 points: on the line
+    ({"smi_util": 95.9}, "util/smi", False),
+    ({"busy_fraction": 1.0}, "util/events", True),
+    ({"busy_fraction": 0.959}, "util/events", False),
+    ({"mem_max_bytes": 909 * MIB}, "memory", True),  # 1% of the expected 900 MiB
+    ({"mem_max_bytes": 909.1 * MIB}, "memory", False),
+    ({"mem_max_bytes": 890.9 * MIB}, "memory", False),
+    ({"energy_j": 9750.0 * 1.02}, "energy", True),
+    ({"energy_j": 9750.0 * 0.979}, "energy", False),
     ({"power_w": 650.0 + 32.5}, "power/smi", True),  # 5% of 650 W
     ({"power_w": 650.0 + 33.0}, "power/smi", False),
     ({"power_w": 65.0, "smi_power_w": 60.0}, "power/smi", True),  # 5 W floor at low power
@@ -239,8 +240,10 @@ def four_phases() -> list[Any]:
         result("idle", wall_s=10.0, busy_fraction=0.0, util=0.0, smi_util=0.0,
                torch_reserved_bytes=20 * MIB, mem_max_bytes=532 * MIB, power_w=71.2, smi_power_w=70.9,
                energy_j=712.0, counter_energy_j=709.0),
-        result("busy", wall_s=15.2, busy_fraction=0.999, util=98.9, smi_util=99.4),
-        result("square", wall_s=20.0, busy_fraction=0.301, util=37.5, smi_util=30.2),  # util off
+        result("busy", wall_s=15.2, busy_fraction=0.999, util=98.9, smi_util=99.4,
+               torch_reserved_bytes=388 * MIB),
+        result("square", wall_s=20.0, busy_fraction=0.301, util=37.5, smi_util=30.2,  # util off
+               torch_reserved_bytes=388 * MIB),
         result("memory", wall_s=10.0, busy_fraction=0.0003, util=0.0, smi_util=None, smi_power_w=None,
                torch_reserved_bytes=8 * GIB + 20 * MIB, mem_max_bytes=8 * GIB + 532 * MIB),
     ]
@@ -268,7 +271,7 @@ def test_the_table_has_one_aligned_row_per_phase_with_its_verdict() -> None:
     assert rows[2].endswith("OFF: util/smi, util/events")
     assert rows[3].split()[1:5] == ["10.0", "0.0", "-", "0.0"]  # no nvidia-smi figure: a dash
     assert rows[3].split()[7] == "8.52"  # 8 GiB + 20 MiB reserved + the 512 MiB baseline
-    assert "  square util/smi: 7.3 points apart (limit 5.0)" in lines
+    assert "  square util/smi: 7.3 points apart (limit 2.0)" in lines
     assert "torch+ctx = PyTorch's reserved peak + the context's 512 MiB" in table
     assert "sampler CPU per GPU-sample: 0.310 ms = 1.11x its bare NVML calls (0.280 ms)" in table
     assert lines[-1] == "note: nvidia-smi not found: its columns are empty"
@@ -459,3 +462,98 @@ def test_no_nvidia_driver_exits_2(tmp_path: Path) -> None:
 def test_a_gpu_index_that_is_not_there_exits_2(tmp_path: Path) -> None:
     done = run_script(tmp_path, "--gpu", "4", plant={"torch": TORCH_WITH_CUDA, "pynvml": NVML_ONE_GPU})
     assert_one_line(done, "no GPU with NVML index 4", "has 1")
+
+
+# --- GPM against what each phase should give ------------------------------------------------------
+
+
+def gpm_phases(square_sm: float | None = 30.0) -> list[Any]:
+    return [
+        result("idle", busy_fraction=0.0, gpm=True, sm_active=0.3, tensor_active=0.0),
+        result("busy", busy_fraction=0.99, gpm=True, sm_active=97.0, tensor_active=60.0),
+        result("square", busy_fraction=0.30, gpm=True, sm_active=square_sm, tensor_active=18.5),
+        result("memory", busy_fraction=0.001, gpm=True, sm_active=0.1, tensor_active=0.0),
+    ]
+
+
+def gpm_verdicts(phases: list[Any], has_gpm: bool | None = True) -> dict[str, dict[str, bool | None]]:
+    busy = gc.busy_phase(phases)
+    return {p.name: {c.name: c.ok for c in gc.gpm_checks(p, busy, has_gpm)} for p in phases}
+
+
+def test_gpm_figures_that_fit_their_phases_pass() -> None:
+    found = gpm_verdicts(gpm_phases())
+    assert all(ok for checks in found.values() for ok in checks.values()), found
+
+
+@pytest.mark.parametrize("square_sm, ok", [(29.4 - 5.0, True), (29.4 - 5.1, False), (29.4 + 5.1, False)])
+def test_the_square_wave_is_the_busy_phase_scaled_by_its_duty(square_sm: float, ok: bool) -> None:
+    # 97 x 0.30 / 0.99 = 29.4: five points either side
+    assert gpm_verdicts(gpm_phases(square_sm))["square"]["sm_active"] is ok
+
+
+def test_sm_activity_on_an_idle_gpu_or_a_weak_busy_phase_is_off() -> None:
+    phases = gpm_phases()
+    phases[0].sm_active = 2.5
+    phases[1].tensor_active = 5.0
+    found = gpm_verdicts(phases)
+    assert found["idle"]["sm_active"] is False and found["busy"]["tensor_active"] is False
+
+
+def test_a_null_gpm_figure_fails_only_where_the_gpu_has_gpm() -> None:
+    phases = gpm_phases(square_sm=None)
+    assert gpm_verdicts(phases, has_gpm=True)["square"]["sm_active"] is False
+    assert gpm_verdicts(phases, has_gpm=False)["square"]["sm_active"] is None
+    probe = gc.Probe([], [], True, "ok", "x")
+    table = gc.format_table(phases, gc.CpuFigure(None, None, 0, 0), [], probe=probe)
+    assert "  square sm_active: null where the GPU has GPM" in table.splitlines()
+
+
+# --- what NVML refuses, probed through the sampler's own Gpu, and the report's answer --------------
+
+
+def sim_gpu(sim_node: Any, minor: int) -> Any:
+    import pynvml
+
+    pynvml.nvmlInit()
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if pynvml.nvmlDeviceGetMinorNumber(handle) == minor:
+            return gc.GpuInfo(pynvml, handle, index, minor, gc.text(pynvml.nvmlDeviceGetUUID(handle)),
+                              gc.text(pynvml.nvmlDeviceGetName(handle)), "sim")
+    raise AssertionError(f"no minor {minor}")
+
+
+@pytest.mark.parametrize("spec, refused, gpm", [
+    ({}, [], True),
+    ({"gpm": False, "unsupported": ["nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage"]},
+     ["GPM", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"], False),
+])
+def test_the_probe_names_each_call_the_gpu_refuses(
+    sim_node: Any, spec: dict[str, Any], refused: list[str], gpm: bool,
+) -> None:
+    device = {"minor": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "name": "NVIDIA H100 (sim)",
+              "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 60, "sample_period_s": 0.2,
+              **spec}
+    sim_node.write_devices({"gpu1": [device]})
+    standin.set_clock(sim_node.lib, None)  # GPM wants its two samples 100 ms apart in real time
+    probe = gc.probe_nvml(sim_gpu(sim_node, 0))
+    assert probe.unsupported == refused and probe.gpm is gpm and probe.errors == []
+    assert probe.events == "ok" and probe.runtime
+    lines = gc.probe_lines(probe, [])
+    assert lines[1] == "NVML calls refused here (NOT_SUPPORTED or missing): " + (", ".join(refused) or "none")
+
+
+def test_a_refused_figure_must_read_none_in_the_report(make_summary: Any) -> None:
+    summary = make_summary(utils=[55.0]).to_dict()
+    summary["run_started_at"] = summary["started_at"]
+    text, data = gc.phase_report(summary, "busy", "900101")
+    assert "Job ID: 900101" in text and "GPU Utilisation: 55.0%" in text
+    measured = {c.name: c.ok for c in gc.not_measured_checks(data, [])}
+    assert measured["util_mean"] and measured["power_mean_w"] and measured["energy_j"]
+    assert measured["sm_active_mean"] is False  # measured where GPM answered: the summary has none
+    # Power refused, yet the report shows a figure: a fault the check names
+    refused = gc.not_measured_checks(data, ["nvmlDeviceGetPowerUsage", "GPM"])
+    power = next(c for c in refused if c.name == "power_mean_w")
+    assert power.ok is False and "250" in power.detail
+    assert next(c for c in refused if c.name == "sm_active_mean").ok is True  # null, as it should be
