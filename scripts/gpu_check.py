@@ -65,7 +65,10 @@ UTIL_POINTS = 2.0  # sampler vs nvidia-smi, and vs the CUDA events' busy fractio
 MEM_FRACTION = 0.01  # sampler's peak vs PyTorch's reserved peak + the context's baseline
 ENERGY_FRACTION = 0.02  # sampler vs the driver's counter, read beside it
 POWER_FRACTION, POWER_W = 0.05, 5.0  # sampler vs nvidia-smi: 5% or 5 W, whichever is larger
-CPU_MS, CPU_RATIO = 1.0, 1.2  # the bench's bar (issue 21)
+# The bench's bar (issue 21): a ratio to the bare calls. No absolute bar: on a real H100
+# the driver's calls cost about 13 ms of CPU a poll (the first run here), the stand-in's 0.1.
+CPU_RATIO = 1.2
+CALL_ROUNDS = 40  # timings of each NVML call, one after another: the median is printed
 # GPM (Hopper and newer): what each phase should give. An idle GPU and one holding memory
 # run no kernels; back-to-back large matrix products keep every SM busy and, in bf16, the
 # tensor cores; the square wave gives the busy phase's figures scaled by its duty.
@@ -259,6 +262,10 @@ def phase_checks(result: PhaseResult, baseline: float | None) -> list[Check]:
         expected = expected_memory(result, baseline)
         limit = MEM_FRACTION * (expected or 0.0)
         checks.append(check("memory", result.mem_max_bytes, expected, limit, "MiB", MIB))
+    # nvidia-smi prints whole MiB: a MiB apart is its rounding
+    smi_mem = result.smi_mem_max_bytes
+    smi_limit = max(MEM_FRACTION * (smi_mem or 0.0), MIB)
+    checks.append(check("memory/smi", result.mem_max_bytes, smi_mem, smi_limit, "MiB", MIB))
     counter = result.counter_energy_j
     if result.energy_j is None or counter is None or counter <= 0:
         checks.append(Check("energy", None, "not measured"))
@@ -284,6 +291,8 @@ class CpuFigure:
     samples: int
     calls: int  # NVML calls per poll in the bare loop
     pids: list[int] | None = None  # compute processes on the GPU while measured
+    # NVML call -> (CPU ms, wall ms), medians of CALL_ROUNDS; None where the call failed
+    call_ms: dict[str, tuple[float, float] | None] | None = None
 
 
 def cpu_per_sample(run_cpu_s: float, run_samples: int, idle_cpu_s: float, idle_samples: int) -> float | None:
@@ -297,8 +306,8 @@ def cpu_check(cpu: CpuFigure) -> Check:
     if cpu.per_sample_s is None or not cpu.bare_s:
         return Check("cpu", None, "not measured")
     ratio = cpu.per_sample_s / cpu.bare_s
-    return Check("cpu", cpu.per_sample_s <= CPU_MS / 1000 and ratio <= CPU_RATIO,
-                 f"{cpu.per_sample_s * 1000:.3f} ms, {ratio:.2f}x (limits {CPU_MS:g} ms, {CPU_RATIO:g}x)")
+    return Check("cpu", ratio <= CPU_RATIO,
+                 f"{cpu.per_sample_s * 1000:.3f} ms, {ratio:.2f}x (limit {CPU_RATIO:g}x)")
 
 
 def num(value: float | None, digits: int = 1, scale: float = 1.0) -> str:
@@ -326,7 +335,8 @@ def table_row(result: PhaseResult, baseline: float | None) -> str:
 LEGEND = (
     f"checks: util/smi |sampler - nvidia-smi| <= {UTIL_POINTS:g} points; util/events |sampler - "
     f"CUDA-event busy| <= {UTIL_POINTS:g} points;\n"
-    f"        memory |sampler peak - (PyTorch reserved peak + context)| <= {100 * MEM_FRACTION:g}%; "
+    f"        memory |sampler peak - (PyTorch reserved peak + context)| <= {100 * MEM_FRACTION:g}%, "
+    f"memory/smi the same against nvidia-smi's peak;\n        "
     f"energy |sampler - driver counter| <= {100 * ENERGY_FRACTION:g}%;\n"
     f"        power/smi <= {100 * POWER_FRACTION:g}% or {POWER_W:g} W; sampler: summary complete, "
     f"more than one sample"
@@ -340,11 +350,25 @@ def cpu_line(cpu: CpuFigure) -> str:
     per, bare = cpu.per_sample_s or 0.0, cpu.bare_s or 0.0
     return (
         f"sampler CPU per GPU-sample: {per * 1000:.3f} ms = {per / bare:.2f}x its bare NVML calls "
-        f"({bare * 1000:.3f} ms); target <= {CPU_MS:g} ms and <= {CPU_RATIO:g}x: "
+        f"({bare * 1000:.3f} ms); target <= {CPU_RATIO:g}x: "
         f"{'ok' if result.ok else 'OFF'}\n"
         f"  ({cpu.samples} samples at {CPU_INTERVAL_S * 1000:g} ms, less a sampler stopped after its "
         f"first reading; bare: {cpu.calls} calls a poll, in-process)"
-    )
+    ) + call_lines(cpu.call_ms)
+
+
+def call_lines(call_ms: dict[str, tuple[float, float] | None] | None) -> str:
+    """Each NVML call's cost, CPU and wall (median of CALL_ROUNDS), most expensive first."""
+    if not call_ms:
+        return ""
+    timed = sorted(((v, k) for k, v in call_ms.items() if v is not None), reverse=True)
+    cells = [f"{name} {cpu:.3f}/{wall:.3f}" for (cpu, wall), name in timed]
+    failed = [k for k, v in call_ms.items() if v is None]
+    lines = [f"\n  NVML calls, CPU/wall ms each (median of {CALL_ROUNDS}):"]
+    lines += [f"    {cell}" for cell in cells]
+    if failed:
+        lines.append(f"    failed: {', '.join(failed)}")
+    return "\n".join(lines)
 
 
 def format_table(
@@ -915,6 +939,51 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
     return per_poll, len(calls) + (2 if has_samples else 0) + (1 if has_rates else 0)
 
 
+def call_costs(gpu: GpuInfo, rounds: int, interval_s: float) -> dict[str, tuple[float, float] | None]:
+    """Each NVML call a poll makes, timed alone: where a poll's CPU goes on this driver."""
+    nvml, handle = gpu.nvml, gpu.handle
+    calls: dict[str, Callable[[], object]] = {
+        "GetSamples(gpu)": lambda: nvml.nvmlDeviceGetSamples(handle, 1, 0),
+        "GetSamples(mem)": lambda: nvml.nvmlDeviceGetSamples(handle, 2, 0),
+        "GetUtilizationRates": lambda: nvml.nvmlDeviceGetUtilizationRates(handle),
+        "GetMemoryInfo_v2": lambda: nvml.nvmlDeviceGetMemoryInfo(handle, nvml.nvmlMemory_v2),
+        "GetComputeRunningProcesses": lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle),
+        "GetPowerUsage": lambda: nvml.nvmlDeviceGetPowerUsage(handle),
+        "GetTemperatureV": lambda: nvml.nvmlDeviceGetTemperatureV(handle, 0),
+        "GetClockInfo(SM)": lambda: nvml.nvmlDeviceGetClockInfo(handle, 1),
+        "GetTotalEnergyConsumption": lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle),
+        "GetCurrentClocksEventReasons": lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle),
+        "GetTotalEccErrors": lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0),
+        "GetProcessUtilization": lambda: nvml.nvmlDeviceGetProcessUtilization(handle, 0),
+    }
+    pair = gpm_pair(nvml, handle)
+    if pair is not None:
+        request = gpm_request(nvml)
+        calls["GpmSampleGet+MetricsGet"] = lambda: gpm_metrics(nvml, handle, pair, request)
+    found: dict[str, tuple[float, float] | None] = {}
+    for name, call in calls.items():
+        cpu: list[float] = []
+        wall: list[float] = []
+        for _ in range(rounds):
+            time.sleep(max(interval_s, 0.12) if name.startswith("Gpm") else interval_s)  # GPM: > 100 ms
+            began, began_cpu = time.perf_counter(), time.thread_time()
+            try:
+                call()
+            except nvml.NVMLError as exc:
+                if not isinstance(exc, nvml.NVMLError_NotFound) and exc.value != 0:
+                    break  # not supported here, or failing: no figure
+            cpu.append(time.thread_time() - began_cpu)
+            wall.append(time.perf_counter() - began)
+        found[name] = (1000 * median(cpu), 1000 * median(wall)) if len(cpu) == rounds else None
+    return found
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def supported(nvml: Any, call: Callable[[], object]) -> bool:
     try:
         call()
@@ -998,6 +1067,9 @@ class Workload:
         # Warm up before the idle phase, so cuBLAS's handle, workspace and kernels are part
         # of the idle baseline and later phases differ from it by PyTorch's tensors only.
         self.matmul_s = self.calibrate()
+        # And the memory phase's fill kernel: CUDA loads a kernel's module on its first
+        # launch (lazy loading), into device memory the idle baseline must already hold.
+        self.torch.empty(MIB, dtype=torch.uint8, device=self.device).fill_(1)
         self.release()
 
     def event(self) -> Any:
@@ -1113,7 +1185,8 @@ def measure_cpu(root: Path, python: list[str], gpu: GpuInfo, run_s: float, reads
     if idle_cpu is not None and run_cpu is not None:
         per_sample = cpu_per_sample(run_cpu, summary_samples(summary), idle_cpu, summary_samples(idle))
     bare, calls = bare_reads_cpu(gpu, reads, CPU_INTERVAL_S)
-    return CpuFigure(per_sample, bare, summary_samples(summary), calls, pids)
+    costs = call_costs(gpu, CALL_ROUNDS, CPU_INTERVAL_S)
+    return CpuFigure(per_sample, bare, summary_samples(summary), calls, pids, costs)
 
 
 def phase_player(workload: Workload, name: str, seconds: float) -> Callable[[], Played]:
