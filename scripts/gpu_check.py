@@ -373,7 +373,7 @@ def call_lines(call_ms: dict[str, tuple[float, float] | None] | None) -> str:
 
 def format_table(
     results: list[PhaseResult], cpu: CpuFigure, notes: list[str], title: str = "",
-    probe: Probe | None = None, refused: list[Check] | None = None,
+    probe: Probe | None = None, refused: list[Check] | None = None, reports: list[str] | None = None,
 ) -> str:
     baseline = context_baseline(results)
     lines = [title] if title else []
@@ -383,7 +383,7 @@ def format_table(
         lines += [*gpm_lines(results, gpu_has_gpm), ""]
     lines += [cpu_line(cpu), ""]
     if probe is not None:
-        lines += [*probe_lines(probe, refused or []), ""]
+        lines += [*probe_lines(probe, refused or []), *(reports or []), ""]
     lines.append(LEGEND)
     if baseline is not None:
         lines.append(f"torch+ctx = PyTorch's reserved peak + the context's {baseline / MIB:.0f} MiB "
@@ -715,6 +715,7 @@ class Site:
     python: list[str]
     env: dict[str, str]
     next_job: int = FIRST_JOB_ID
+    cgroups: JobCgroups | None = None  # puts this process in each job's cgroup, as Slurm would
 
     def run(
         self, play: Callable[[], Played | None], counter_j: Callable[[], float | None],
@@ -725,6 +726,8 @@ class Site:
         self.next_job += 1
         job_dir = self.root / "spool" / NODE / "jobs" / job_id
         job_dir.mkdir(parents=True)
+        if self.cgroups is not None:
+            self.cgroups.join(job_id)
         child = SamplerProcess(sampler_command(self.python, job_dir),
                                {**self.env, "SLURM_JOB_ID": job_id}, self.root / "sampler.stderr")
         played, before, after = None, None, None
@@ -738,6 +741,69 @@ class Site:
         summary = read_json(job_dir / SUMMARY)
         energy = None if before is None or after is None else after - before
         return summary, played, energy, cpu_s
+
+
+class JobCgroups:
+    """This process (the workload) moved into a Slurm-shaped cgroup of each phase's job, so
+    the sampler sees the GPU's process as the job's own, as on a site: without it the
+    check's process is outside any job, the GPU reads as shared with it, and the report
+    gives the job 0% of a busy GPU. Only as root on a machine where Slurm does not run
+    (its job ids and cgroups are not ours to touch); else `why` says what was not done."""
+
+    def __init__(self, root: str = "/sys/fs/cgroup", pid: int | None = None) -> None:
+        self.root = Path(root)
+        self.pid = pid or os.getpid()
+        self.made: list[Path] = []
+        self.why = ""
+        if os.geteuid() != 0:
+            self.why = "not root: the check's process stays outside any job cgroup"
+        elif slurm_running():
+            self.why = "Slurm runs here: the check's process stays outside any job cgroup"
+        elif self.base() is None:
+            self.why = f"no cgroup hierarchy to use under {root}"
+
+    def base(self) -> Path | None:
+        """Where the jobs' cgroups go: Slurm's v2 layout, or v1's under one controller."""
+        if (self.root / "cgroup.controllers").exists():
+            return self.root / "system.slice" / "slurmstepd.scope"
+        for controller in ("freezer", "pids", "cpuacct"):
+            if (self.root / controller / "cgroup.procs").exists():
+                return self.root / controller / "slurm" / f"uid_{os.geteuid()}"
+        return None
+
+    def join(self, job_id: str) -> None:
+        base = self.base()
+        if self.why or base is None:
+            return
+        leaf = base / f"job_{job_id}" / "step_0" / "task_0"
+        try:
+            missing = [p for p in (leaf, *leaf.parents) if not p.exists()]
+            leaf.mkdir(parents=True, exist_ok=True)
+            self.made += sorted(missing, key=lambda p: len(p.parts), reverse=True)
+            (leaf / "cgroup.procs").write_text(f"{self.pid}\n", encoding="utf-8")
+        except OSError as exc:
+            self.why = f"cannot make or enter a job cgroup ({exc}): the check's process stays outside"
+
+    def leave(self) -> None:
+        """Back to the hierarchy's root, and the cgroups made removed (deepest first)."""
+        base = self.base()
+        if base is None or not self.made:
+            return
+        top = self.root if base.parts[-1] == "slurmstepd.scope" else base.parents[1]
+        with contextlib.suppress(OSError):
+            (top / "cgroup.procs").write_text(f"{self.pid}\n", encoding="utf-8")
+        for path in sorted(set(self.made), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def slurm_running(proc: str = "/proc") -> bool:
+    for entry in Path(proc).iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() in ("slurmd", "slurmstepd", "slurmctld"):
+                    return True
+    return False
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -1215,7 +1281,7 @@ def play_phases(
     return results, smi, summaries
 
 
-def notes_for(results: list[PhaseResult], smi: SmiWatch, cpu: CpuFigure) -> list[str]:
+def notes_for(results: list[PhaseResult], smi: SmiWatch, cpu: CpuFigure, outside: str = "") -> list[str]:
     notes = [smi.note] if smi.note else []
     for result in results:
         if result.status != "complete":
@@ -1225,8 +1291,12 @@ def notes_for(results: list[PhaseResult], smi: SmiWatch, cpu: CpuFigure) -> list
         own = " (this one among them)" if os.getpid() in cpu.pids else ""
         notes.append(f"{len(cpu.pids)} process(es){own} had the GPU open while the CPU figure was taken: "
                      f"the sampler then reads per-process utilisation too")
-    notes.append("the sampler counts this check's own PyTorch process as outside any Slurm job "
-                 "(there is no job cgroup here), so its summaries mark the GPU as shared")
+    if outside:
+        notes.append(f"{outside}: the sampler counts it as outside any Slurm job, so its summaries mark "
+                     "the GPU as shared and the reports give the job 0% of it")
+    else:
+        notes.append("the workload ran in a Slurm-shaped cgroup of each phase's job: the sampler "
+                     "counted it as the job's own")
     return notes
 
 
@@ -1271,22 +1341,26 @@ def check_gpu(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         cpu = measure_cpu(root / "cpu", python, gpu, CPU_RUN_S * scale, round(BARE_READS * scale))
         workload = Workload(torch, index)
+        cgroups = JobCgroups()
         site = Site(root / "phases", python, write_site(root / "phases", python[0], SAMPLER_INTERVAL_S,
-                                                        gpu.minor))
-        results, smi, summaries = play_phases(site, workload, gpu, scale)
+                                                        gpu.minor), cgroups=cgroups)
+        try:
+            results, smi, summaries = play_phases(site, workload, gpu, scale)
+        finally:
+            cgroups.leave()
         try:
             probe = probe_nvml(gpu)
         except Exception as exc:  # the phases' table still comes out, saying the probe broke
             broke = f"the probe failed: {type(exc).__name__}: {exc}"
             probe = Probe([], [broke], None, "?", machine_runtime())
-        texts, refused = phase_reports(summaries, probe)
-        notes = notes_for(results, smi, cpu)
+        texts, refused, brief = phase_reports(summaries, probe)
+        notes = notes_for(results, smi, cpu, cgroups.why)
         title = (f"gpu-check: {gpu.name}, NVML index {gpu.index}, minor {gpu.minor}, {gpu.uuid}, "
                  f"driver {gpu.driver}, NVML {nvml_version(gpu)}; {probe.runtime}\n"
                  f"PyTorch {torch.__version__} on cuda:{index}: "
                  f"{str(workload.dtype).removeprefix('torch.')} {MATMUL_SIZE}^2 products of "
                  f"{workload.matmul_s * 1000:.2f} ms; sampler every {SAMPLER_INTERVAL_S:g} s\n")
-        table = format_table(results, cpu, notes, title, probe, refused)
+        table = format_table(results, cpu, notes, title, probe, refused, brief)
         print(table)
         if args.out:
             info = {**gpu.describe(), "torch": torch.__version__, "cuda_index": index,
@@ -1303,11 +1377,15 @@ def nvml_version(gpu: GpuInfo) -> str:
         return "?"
 
 
-def phase_reports(summaries: dict[str, dict[str, Any]], probe: Probe) -> tuple[dict[str, str], list[Check]]:
-    """Each phase's report as a user reads it, and the not-measured checks on the busy one
-    (every figure has something to show there). A report that cannot be built is a note."""
+def phase_reports(
+    summaries: dict[str, dict[str, Any]], probe: Probe,
+) -> tuple[dict[str, str], list[Check], list[str]]:
+    """Each phase's report as a user reads it, a line of what it concludes, and the
+    not-measured checks on the busy one (every figure has something to show there). A
+    report that cannot be built is a failed check, not a crash."""
     texts: dict[str, str] = {}
     checks: list[Check] = []
+    brief: list[str] = []
     for number, (phase, summary) in enumerate(summaries.items()):
         try:
             text_report, data = phase_report(summary, phase, str(FIRST_JOB_ID + 100 + number))
@@ -1316,9 +1394,18 @@ def phase_reports(summaries: dict[str, dict[str, Any]], probe: Probe) -> tuple[d
             checks.append(Check(f"report-{phase}", False, f"{type(exc).__name__}: {exc}"))
             continue
         texts[phase] = text_report
+        brief.append(report_brief(phase, data))
         if phase == "busy":
             checks += not_measured_checks(data, probe.unsupported)
-    return texts, checks
+    return texts, checks, brief
+
+
+def report_brief(phase: str, data: dict[str, Any]) -> str:
+    line = (data.get("gpus") or [{}])[0]
+    hints = ", ".join(f"{h.get('id')} ({h.get('severity')})" for h in data.get("hints", [])) or "none"
+    return (f"report {phase}: GPU utilisation {num(data.get('gpu_util_mean'))}%, SM active "
+            f"{num(line.get('sm_active_mean'))}%, binding {(data.get('binding') or {}).get('status')}, "
+            f"verdict {str(data.get('verdict', '')).split(':')[0]}; hints: {hints}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

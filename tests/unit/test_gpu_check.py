@@ -575,3 +575,49 @@ def test_each_nvml_call_is_timed_alone_and_a_refused_one_has_no_figure(sim_node:
     assert all(cpu >= 0 and wall >= 0 for cpu, wall in timed.values())
     text = gc.call_lines(costs)
     assert "median of 40" in text and text.rstrip().endswith("failed: GetPowerUsage")
+
+
+# --- the workload in each phase's job cgroup ----------------------------------------------------
+
+
+@pytest.mark.parametrize("layout, base", [
+    ("v2", "system.slice/slurmstepd.scope"),
+    ("v1", "freezer/slurm/uid_0"),
+])
+def test_the_workload_joins_a_slurm_shaped_cgroup_the_sampler_reads_as_the_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, base: str,
+) -> None:
+    from slurm_gpu_eff.node.jobenv import job_cgroup_exists, job_in_cgroup
+
+    if layout == "v2":
+        (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    else:
+        (tmp_path / "freezer").mkdir()
+        (tmp_path / "freezer" / "cgroup.procs").write_text("")
+    monkeypatch.setattr(gc.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(gc, "slurm_running", lambda: False)
+    cgroups = gc.JobCgroups(str(tmp_path), pid=4242)
+    assert cgroups.why == ""
+    cgroups.join("900002")
+    leaf = tmp_path / base / "job_900002" / "step_0" / "task_0"
+    assert (leaf / "cgroup.procs").read_text() == "4242\n"
+    assert job_in_cgroup(f"0::/{base}/job_900002/step_0/task_0\n") == "900002"
+    assert job_cgroup_exists("900002", "gpucheck", str(tmp_path))
+    cgroups.join("900003")
+    for path in (leaf / "cgroup.procs",):
+        path.unlink()  # a real cgroup has no files to remove; the stand-in directory does
+    (tmp_path / base / "job_900003" / "step_0" / "task_0" / "cgroup.procs").unlink()
+    cgroups.leave()
+    assert not (tmp_path / base / "job_900002").exists() and not (tmp_path / base / "job_900003").exists()
+
+
+def test_no_job_cgroup_as_a_user_or_beside_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cgroup.controllers").write_text("")
+    monkeypatch.setattr(gc.os, "geteuid", lambda: 1000)
+    assert gc.JobCgroups(str(tmp_path)).why.startswith("not root")
+    monkeypatch.setattr(gc.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(gc, "slurm_running", lambda: True)
+    cgroups = gc.JobCgroups(str(tmp_path))
+    assert cgroups.why.startswith("Slurm runs here")
+    cgroups.join("900002")
+    assert not (tmp_path / "system.slice").exists()
