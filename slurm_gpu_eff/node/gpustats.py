@@ -31,8 +31,8 @@ class GpuStats:
         # The longest stretch of polls under the idle line: a mean hides a job that worked
         # for an hour and then idled for ten minutes. Offsets from the window's start.
         self.first_at: float | None = None
-        self.idle_from: float | None = None
-        self.idle_until: float | None = None  # the open stretch's last idle poll
+        self.idle_from: float | None = None  # where the open stretch began (the driver's clock)
+        self.idle_s = 0.0  # its measured length: what the idle policy cancels on
         self.idle_longest: tuple[float, float] | None = None  # (from, seconds)
         self.samples = 0
         self.seconds = 0.0
@@ -57,7 +57,9 @@ class GpuStats:
     def stat(self, name: str) -> Stat:
         return self.stats[name]
 
-    def add(self, reading: Reading, seconds: float) -> None:
+    def add(self, reading: Reading, seconds: float, measured_s: float | None = None) -> None:
+        """`seconds`: the time the reading stands for on the driver's clock; `measured_s`:
+        the same on the monotonic clock (None: `seconds`), which the idle stretch counts."""
         # Once a GPU a poll: what it costs is the sampler's own overhead (make bench).
         self.samples += 1
         self.seconds += seconds
@@ -85,28 +87,30 @@ class GpuStats:
             reading.time, seconds, util, gpm.get("sm_active") if gpm else None, power,
             None if mem is None else mem / 1024**3,
         )
-        self._add_idle(reading.time, seconds, util)
+        self._add_idle(reading.time, seconds if measured_s is None else measured_s, util)
 
     def _add_idle(self, at: float, seconds: float, util: float | None) -> None:
+        """The stretch is the sum of the idle polls' measured seconds, never the distance
+        between two clock readings: a wall-clock step (NTP) lengthens nothing, and a poll
+        whose utilisation could not be read ends the stretch (no reading is no evidence
+        of idleness, and the idle policy cancels jobs on this figure)."""
         if self.first_at is None:
             self.first_at = at - seconds
-        if util is None:  # not measured this poll: the stretch neither grows nor ends
-            return
-        if util >= Histogram.IDLE_BELOW:
-            self.idle_from = None
+        if util is None or util >= Histogram.IDLE_BELOW:
+            self.idle_from, self.idle_s = None, 0.0
             return
         if self.idle_from is None:
-            self.idle_from = at - seconds
-        self.idle_until = at
-        length = at - self.idle_from
-        if self.idle_longest is None or length > self.idle_longest[1]:
-            self.idle_longest = (self.idle_from - self.first_at, length)
+            self.idle_from, self.idle_s = at - seconds, 0.0
+        self.idle_s += seconds
+        if self.idle_longest is None or self.idle_s > self.idle_longest[1]:
+            self.idle_longest = (self.idle_from - self.first_at, self.idle_s)
 
     def idle_now(self) -> tuple[float, float] | None:
-        """The stretch under the idle line the GPU is in now: (since, seconds), clock time."""
-        if self.idle_from is None or self.idle_until is None or self.lost_at is not None:
+        """The stretch under the idle line the GPU is in now: (since: the driver's clock,
+        measured seconds)."""
+        if self.idle_from is None or self.lost_at is not None:
             return None
-        return self.idle_from, self.idle_until - self.idle_from
+        return self.idle_from, self.idle_s
 
     def _series(
         self, name: str, samples: list[tuple[float, float]] | None, rate: float | None,

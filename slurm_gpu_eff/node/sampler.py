@@ -61,6 +61,7 @@ class Sampler:
                                     cgroup_root, sluid=job.sluid)
         self._next_verify = 0.0  # monotonic time of the next look beyond the bound GPUs
         self.wait_s = config.interval_s / time_scale
+        self.time_scale = time_scale
         self.started_at = clock()
         self.run_started_at = run_started  # when this run's prolog ran: the run's identity
         # The binding is the first look: the driver's samples and GPM's first sample count
@@ -69,6 +70,7 @@ class Sampler:
         self.sampled_from: float | None = min((g.bound_at for g in gpus), default=None)
         self.sampled_until: float | None = None
         self._last: float | None = self.sampled_from
+        self._last_mono: float | None = None  # the monotonic clock at the last reading
         self.export_failed = False
 
     def sample_once(self) -> None:
@@ -77,6 +79,7 @@ class Sampler:
         # the first for the time since binding: the mean covers [binding, last reading].
         seconds = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
+        measured = self._measured(seconds)
         # Every GPU read first, then every reading added: the GPUs are read at one instant,
         # and each half runs with its code still warm from the GPU before (less CPU a poll).
         readings = []
@@ -89,7 +92,7 @@ class Sampler:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
         for stats, reading in readings:
-            stats.add(reading, seconds)
+            stats.add(reading, seconds, measured)
             if reading.pids and self.binding.wants(stats.gpu.minor, reading.pids):
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)
@@ -97,6 +100,15 @@ class Sampler:
         self._verify()
         self.sampled_from = self.sampled_from or now
         self.sampled_until = now
+
+    def _measured(self, seconds: float) -> float:
+        """The poll's span on the monotonic clock, in the driver clock's seconds (the
+        simulation's run `time_scale` faster): what an idle stretch counts, so that a step
+        of the wall clock never lengthens one. The first poll's span (from binding, which
+        has no monotonic reading) is the driver clock's."""
+        mono, last = self.monotonic(), self._last_mono
+        self._last_mono = mono
+        return seconds if last is None else max(0.0, mono - last) * self.time_scale
 
     def _verify(self) -> None:
         """Now and then, the job's processes on the node's other GPUs, and its cgroup."""

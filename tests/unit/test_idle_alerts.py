@@ -20,6 +20,7 @@ from slurm_gpu_eff.config import Config, load_config
 from slurm_gpu_eff.errors import SlurmError
 from slurm_gpu_eff.mail import idle, prog
 from slurm_gpu_eff.mail.outbox import Outbox
+from slurm_gpu_eff.node.jobenv import JobContext
 from slurm_gpu_eff.node.sampler import GpuStats, Sampler
 from slurm_gpu_eff.slurm import RunningJob, running_job
 from slurm_gpu_eff.store import open_store
@@ -35,12 +36,69 @@ HOSTILE = "x\nBcc: victim@example.org <b>"
 
 def test_the_open_idle_stretch_is_where_it_began_and_how_long_it_is_so_far() -> None:
     track = GpuStats(gpu=None)  # type: ignore[arg-type]
-    for t, util in enumerate([90, 1, 0, None, 2], start=1):
-        track._add_idle(NOW + t, 1.0, None if util is None else float(util))
-    assert track.idle_now() == (NOW + 1, 4.0)  # from t=1 (the poll stands for the second before)
-    track._add_idle(NOW + 6, 1.0, 50.0)
+    for t, util in enumerate([90, 1, 0, 2], start=1):
+        track._add_idle(NOW + t, 1.0, float(util))
+    assert track.idle_now() == (NOW + 1, 3.0)  # from t=1 (the poll stands for the second before)
+    track._add_idle(NOW + 5, 1.0, 50.0)
     assert track.idle_now() is None  # busy again: no stretch open
-    assert track.idle_longest == (1.0, 4.0)  # the finished one is still the longest
+    assert track.idle_longest == (1.0, 3.0)  # the finished one is still the longest
+
+
+def test_a_poll_without_a_utilisation_reading_ends_the_stretch() -> None:
+    """Issue 20, finding 8: 10 minutes measured idle, then 80 minutes of failed reads,
+    then one idle poll is a stretch of one poll, not 90 minutes (past a cancel line)."""
+    track = GpuStats(gpu=None)  # type: ignore[arg-type]
+    t = 0
+    for _ in range(600):
+        t += 1
+        track._add_idle(NOW + t, 1.0, 0.0)
+    assert track.idle_now() == (NOW, 600.0)
+    for _ in range(4800):
+        t += 1
+        track._add_idle(NOW + t, 1.0, None)
+    assert track.idle_now() is None  # no reading: no evidence of idleness
+    t += 1
+    track._add_idle(NOW + t, 1.0, 0.0)
+    assert track.idle_now() == (NOW + t - 1, 1.0)
+    assert track.idle_longest == (0.0, 600.0)
+
+
+def test_a_wall_clock_step_does_not_lengthen_the_stretch(sim_node: Any) -> None:
+    """Issue 20, finding 8: the sampler counts an idle stretch in the monotonic clock's
+    seconds; the driver's (wall) clock stepping 80 minutes ahead between two polls adds
+    one poll's second, not 80 minutes."""
+    from .conftest import BOOT
+
+    sim_node.write_state(0, {"phases": [{"seconds": 100_000, "gpus": {"*": {"util": 0}}}]},
+                         started_at=BOOT + 950.0)
+    session = sim_node.session()
+    mono = [500.0]
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([0]),
+                      clock=session.clock, monotonic=lambda: mono[0])
+    for step in (1.0, 1.0, 1.0, 4800.0 + 1.0, 1.0):  # the wall clock steps before the 4th poll
+        sim_node.now += step
+        mono[0] += 1.0
+        sampler.sample_once()
+    since, seconds = sampler.gpus[0].idle_now()  # type: ignore[misc]
+    assert since == BOOT + 1000.0 and seconds == pytest.approx(5.0)
+    assert sampler.idle_level() == 0  # nowhere near an alert minute
+
+
+def test_the_stretch_counts_the_simulation_s_seconds_under_a_time_scale(sim_node: Any) -> None:
+    """The simulated driver runs `time_scale` times the wall clock: so does the stretch."""
+    from .conftest import BOOT
+
+    sim_node.write_state(0, {"phases": [{"seconds": 100_000, "gpus": {"*": {"util": 0}}}]},
+                         started_at=BOOT + 950.0)
+    session = sim_node.session()
+    mono = [500.0]
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([0]),
+                      clock=session.clock, monotonic=lambda: mono[0], time_scale=10.0)
+    for _ in range(3):
+        sim_node.now += 10.0
+        mono[0] += 1.0
+        sampler.sample_once()
+    assert sampler.gpus[0].idle_now() == (BOOT + 1000.0, pytest.approx(30.0))
 
 
 @pytest.mark.parametrize(("alert_min", "cancel_min", "idle_s", "level"), [
@@ -54,7 +112,7 @@ def test_the_sampler_knows_which_minute_of_the_policy_the_longest_stretch_passed
     busy, idle_gpu = GpuStats(gpu=None), GpuStats(gpu=None)  # type: ignore[arg-type]
     busy._add_idle(NOW + idle_s, 1.0, 90.0)
     idle_gpu._add_idle(NOW, 0.0, 0.0)
-    idle_gpu._add_idle(NOW + idle_s, 1.0, 0.0)
+    idle_gpu._add_idle(NOW + idle_s, idle_s, 0.0)  # one poll standing for idle_s
     fake = SimpleNamespace(config=Config(idle_alert_min=alert_min, idle_cancel_min=cancel_min),
                            gpus=[busy, idle_gpu])
     assert Sampler.idle_level(fake) == level  # type: ignore[arg-type]

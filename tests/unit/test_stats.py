@@ -94,15 +94,16 @@ def test_memory_is_constant_whatever_the_number_of_readings() -> None:
 
 
 def test_the_longest_idle_stretch_of_a_gpu() -> None:
-    """Polls under 5% in a row make a stretch, a busy poll ends it, an unmeasured one
-    neither grows nor ends it; the longest is kept with where it began."""
+    """Polls under 5% in a row make a stretch, a busy poll ends it, and so does an
+    unmeasured one (no reading is no evidence of idleness: issue 20); the longest is kept
+    with where it began."""
     from slurm_gpu_eff.node.sampler import GpuStats
 
     track = GpuStats(gpu=None)  # type: ignore[arg-type]
     utils = [90, 90, 1, 0, 2, 90, 0, 0, None, 0, 0, 4, 90]  # one poll a second from t=1
     for t, util in enumerate(utils, start=1):
         track._add_idle(float(t), 1.0, None if util is None else float(util))
-    assert track.idle_longest == (6.0, 6.0)  # t=7..12: 6 s (the unmeasured poll in it)
+    assert track.idle_longest == (2.0, 3.0)  # t=3..5; t=7..12 is two stretches, 2 s and 3 s
 
 
 def test_gpm_means_count_for_the_time_they_cover_not_the_poll_they_came_with() -> None:
