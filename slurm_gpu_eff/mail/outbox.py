@@ -1,7 +1,9 @@
 """Where gpueff-mail keeps its work, so that no notification is lost: Slurm's requests
 (`requests/`, until a worker made a message of each), the messages (`outbox/`, until the
-mail server took them, retried with a doubling wait), the ones given up (`failed/`), and
-which jobs' reports went out (`reported/`: one report a job run).
+mail server took them, retried with a doubling wait), the ones given up (`failed/`),
+which jobs' reports went out (`reported/`: one report a job run), and when the messages
+that asked for it were taken by the server (`receipts/`: the idle policy's cancel clock
+starts there, not when its alert was queued).
 
 Every file is written whole under another name and renamed; a message is sent under an
 exclusive lock on its file and removed once the server took it, so two workers never
@@ -21,8 +23,9 @@ import os
 import smtplib
 import ssl
 import subprocess
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from pathlib import Path
@@ -36,11 +39,13 @@ POLICY = email.policy.default.clone(max_line_length=998)  # as message.py writes
 class MailError(GpuEffError):
     """The mail server or program did not take a message: it waits and is retried, unless
     `permanent` (the server refused it for good: 5xx), or only `refused` some recipients
-    (the others have it: only those are tried again)."""
+    (the others have it: only those are tried again). `unreachable`: no server or program
+    to talk to at all (every other message would fail, and wait as long, the same way)."""
 
-    def __init__(self, message: str, permanent: bool = False, refused: list[str] | None = None) -> None:
+    def __init__(self, message: str, permanent: bool = False, refused: list[str] | None = None,
+                 unreachable: bool = False) -> None:
         super().__init__(message)
-        self.permanent, self.refused = permanent, refused or []
+        self.permanent, self.refused, self.unreachable = permanent, refused or [], unreachable
 
 
 # -- how a message leaves ---------------------------------------------------------------------
@@ -72,9 +77,13 @@ class Smtp:
             codes = [code for code, _ in exc.recipients.values()]
             raise MailError(f"SMTP {self.host}:{self.port} refused every recipient: {exc.recipients}",
                             permanent=all(c >= 500 for c in codes)) from exc
+        except smtplib.SMTPConnectError as exc:  # its greeting refused us, not this message
+            raise MailError(f"SMTP {self.host}:{self.port}: {exc}", unreachable=True) from exc
         except smtplib.SMTPResponseException as exc:
             raise MailError(f"SMTP {self.host}:{self.port}: {exc}", permanent=exc.smtp_code >= 500) from exc
-        except (OSError, smtplib.SMTPException) as exc:
+        except (OSError, smtplib.SMTPServerDisconnected) as exc:  # no answer, or none to the end
+            raise MailError(f"SMTP {self.host}:{self.port}: {exc}", unreachable=True) from exc
+        except smtplib.SMTPException as exc:
             raise MailError(f"SMTP {self.host}:{self.port}: {exc}") from exc
         if refused:  # the others took it: only these are tried again (or given up, 5xx)
             raise MailError(f"SMTP {self.host}:{self.port} refused {', '.join(refused)}",
@@ -95,7 +104,7 @@ class Sendmail:
             done = subprocess.run(argv, input=message.as_bytes(), capture_output=True,
                                   timeout=self.timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise MailError(f"{self.program}: {exc}") from exc
+            raise MailError(f"{self.program}: {exc}", unreachable=True) from exc
         if done.returncode != 0:
             why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
             raise MailError(f"{self.program} exited {done.returncode}: {why[0][:200]}")
@@ -113,6 +122,15 @@ class Delivered:
     waiting: list[str] = field(default_factory=list)  # the server away: tried again later
     given_up: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # not tried: server unreachable, or out of time
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a message the server would not take waits: retry_s, doubling to max_s, for for_s."""
+    first_s: float
+    max_s: float
+    for_s: float
 
 
 class Outbox:
@@ -120,11 +138,12 @@ class Outbox:
         self.root = Path(root)
         self.requests, self.outbox = self.root / "requests", self.root / "outbox"
         self.failed, self.reported = self.root / "failed", self.root / "reported"
+        self.receipts = self.root / "receipts"
 
     def make(self) -> Outbox:
         old = os.umask(0o077)  # messages name users and jobs: SlurmUser's alone
         try:
-            for path in (self.root, self.requests, self.outbox, self.failed, self.reported):
+            for path in (self.root, self.requests, self.outbox, self.failed, self.reported, self.receipts):
                 path.mkdir(mode=0o700, parents=True, exist_ok=True)
         finally:
             os.umask(old)
@@ -177,11 +196,13 @@ class Outbox:
                       and not p.name.endswith(".corrupt") and now - _mtime(p, now) > older_than_s)
 
     # messages
-    def post(self, message: EmailMessage, to: list[str], now: float, job: str = "", name: str = "") -> str:
-        """Into the outbox as `name` (a request's own: made again, it replaces itself)."""
+    def post(self, message: EmailMessage, to: list[str], now: float, job: str = "", name: str = "",
+             receipt: bool = False) -> str:
+        """Into the outbox as `name` (a request's own: made again, it replaces itself);
+        with `receipt`, when the server takes it is kept (`sent_at`)."""
         name = name or f"{now:.6f}-{uuid.uuid4().hex}"
-        write_whole(self.outbox / f"{name}.json",
-               json.dumps({"to": to, "first_at": now, "next_at": now, "tries": 0, "job": job}).encode())
+        meta = {"to": to, "first_at": now, "next_at": now, "tries": 0, "job": job, "receipt": receipt}
+        write_whole(self.outbox / f"{name}.json", json.dumps(meta).encode())
         write_whole(self.outbox / f"{name}.eml", message.as_bytes())
         return name
 
@@ -193,45 +214,89 @@ class Outbox:
         return min(times) if times else None
 
     def deliver(self, transport: Transport, now: float, retry_s: float, retry_max_s: float,
-                retry_for_s: float, only: set[str] | None = None) -> Delivered:
-        """Send what is due; what the server would not take waits, doubling, for retry_for_s."""
-        done = Delivered()
-        for name in self.names():
-            if only is not None and name not in only:
-                continue
-            with self._locked(name) as held:
-                if not held:
-                    continue  # another worker is sending it
-                meta_path, body_path = self.outbox / f"{name}.json", self.outbox / f"{name}.eml"
-                if not body_path.exists():
-                    continue
-                meta = _meta(meta_path)
-                if meta.get("next_at", 0.0) > now:
-                    done.waiting.append(name)
-                    continue
-                message = email.message_from_bytes(body_path.read_bytes(), policy=POLICY)
-                try:
-                    transport.send(message, list(meta.get("to") or []))
-                except MailError as exc:
-                    tries = int(meta.get("tries", 0)) + 1
-                    meta.update(tries=tries, last_error=str(exc),
-                                next_at=now + min(retry_max_s, retry_s * 2 ** (tries - 1)))
-                    if exc.refused:
-                        meta["to"] = exc.refused
-                    done.errors.append(str(exc))
-                    if exc.permanent or now - float(meta.get("first_at", now)) >= retry_for_s:
-                        write_whole(self.failed / f"{name}.json", json.dumps(meta).encode())
-                        os.replace(body_path, self.failed / f"{name}.eml")
-                        meta_path.unlink(missing_ok=True)
-                        done.given_up.append(name)
-                    else:
-                        write_whole(meta_path, json.dumps(meta).encode())
-                        done.waiting.append(name)
-                    continue
-                body_path.unlink()
-                meta_path.unlink(missing_ok=True)
-                done.sent.append(name)
+                retry_for_s: float, only: set[str] | None = None, until: float | None = None,
+                clock: Callable[[], float] | None = None) -> Delivered:
+        """Send what is due; what the server would not take waits, doubling, for retry_for_s.
+        A pass ends at a server that cannot be reached (each other message would wait out
+        the same timeout) and starts no send after `until` (time.monotonic()): the rest
+        are `left` for the next. `clock`: when a receipt says the server took a message
+        (else `now`)."""
+        done, retry = Delivered(), Retry(retry_s, retry_max_s, retry_for_s)
+        names = [name for name in self.names() if only is None or name in only]
+        for at, name in enumerate(names):
+            if until is not None and time.monotonic() >= until:
+                done.left.extend(names[at:])
+                break
+            with self._locked(name) as held:  # not held: another worker is sending it
+                reached = not held or self._try(name, transport, now, retry, done, clock)
+            if not reached:
+                done.left.extend(names[at + 1:])
+                break
         return done
+
+    def _try(self, name: str, transport: Transport, now: float, retry: Retry, done: Delivered,
+             clock: Callable[[], float] | None) -> bool:
+        """One message, if due; False when its server could not be reached."""
+        meta_path, body_path = self.outbox / f"{name}.json", self.outbox / f"{name}.eml"
+        if not body_path.exists():
+            return True
+        meta = _meta(meta_path)
+        if meta.get("next_at", 0.0) > now:
+            done.waiting.append(name)
+            return True
+        message = email.message_from_bytes(body_path.read_bytes(), policy=POLICY)
+        try:
+            transport.send(message, list(meta.get("to") or []))
+        except MailError as exc:
+            self._not_taken(name, meta, exc, now, retry, done)
+            return not exc.unreachable
+        if meta.get("receipt"):  # before the removal: a receipt is never missing for a sent one
+            self._receipt(name, clock() if clock is not None else now, done)
+        body_path.unlink()
+        meta_path.unlink(missing_ok=True)
+        done.sent.append(name)
+        return True
+
+    def _not_taken(self, name: str, meta: dict[str, Any], exc: MailError, now: float, retry: Retry,
+                   done: Delivered) -> None:
+        tries = int(meta.get("tries", 0)) + 1
+        meta.update(tries=tries, last_error=str(exc),
+                    next_at=now + min(retry.max_s, retry.first_s * 2 ** (tries - 1)))
+        if exc.refused:
+            meta["to"] = exc.refused
+        done.errors.append(str(exc))
+        if exc.permanent or now - float(meta.get("first_at", now)) >= retry.for_s:
+            write_whole(self.failed / f"{name}.json", json.dumps(meta).encode())
+            os.replace(self.outbox / f"{name}.eml", self.failed / f"{name}.eml")
+            (self.outbox / f"{name}.json").unlink(missing_ok=True)
+            done.given_up.append(name)
+        else:
+            write_whole(self.outbox / f"{name}.json", json.dumps(meta).encode())
+            done.waiting.append(name)
+
+    def _receipt(self, name: str, sent_at: float, done: Delivered) -> None:
+        try:
+            write_whole(self.receipts / f"{name}.json", json.dumps({"sent_at": sent_at}).encode())
+        except OSError as exc:  # sent all the same; whoever waits on the receipt waits on
+            done.errors.append(f"{name} sent, but its receipt could not be kept: {exc}")
+
+    def receipt(self, name: str) -> float | None:
+        """When the server took message `name` (posted with `receipt`); None: not yet."""
+        sent_at = _meta(self.receipts / f"{name}.json").get("sent_at")
+        return float(sent_at) if isinstance(sent_at, (int, float)) else None
+
+    def holds(self, name: str) -> bool:
+        """Whether message `name` still waits in the outbox (or is being sent)."""
+        return (self.outbox / f"{name}.eml").exists()
+
+    def given_up(self, name: str) -> bool:
+        return (self.failed / f"{name}.eml").exists()
+
+    def prune_receipts(self, before: float) -> None:
+        for path in self.receipts.glob("*.json"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < before:
+                    path.unlink()
 
     def first_report(self, key: str) -> bool:
         """Marks this job run's report as sent (once it is in the outbox): whichever of

@@ -195,9 +195,10 @@ def _made(box: Outbox, taken: Path, config: Config, clock: Callable[[], float],
 
 
 def flush(config: Config | None = None, transport: Transport | None = None,
-          clock: Callable[[], float] = time.time) -> int:
+          clock: Callable[[], float] = time.time, budget_s: float | None = None) -> int:
     """Send what is due, and finish what a killed worker left (requests of more than
-    twice the wait)."""
+    twice the wait). `budget_s`: no send starts after that many seconds (the rest waits
+    for the next flush)."""
     config = config or load_config()
     _logging(config)
     box = Outbox(config.mail_spool_dir).make()
@@ -213,14 +214,16 @@ def flush(config: Config | None = None, transport: Transport | None = None,
             _start_worker_for(config, box, waiting)
         except OSError as exc:
             log.error("cannot start a mail worker (%s): the next flush tries again", exc)
-    done = _deliver(box, transport, config, clock)
+    until = None if budget_s is None else time.monotonic() + budget_s
+    done = _deliver(box, transport, config, clock, until=until)
     return 0 if not done.given_up else 1
 
 
 def watch(sleep: Callable[[float], None] = time.sleep) -> int:
     """The service on the mail spool's host: every `[mail] idle_check_s`, the idle-GPU
-    check (when the site has it on), then what is due in the outbox. The configuration
-    is read anew each time: a change needs no restart."""
+    check (when the site has it on), then what is due in the outbox, for a bounded time
+    (`watch_budget_s`). The configuration is read anew each time: a change needs no
+    restart."""
     while True:
         try:
             config = load_config()
@@ -232,22 +235,47 @@ def watch(sleep: Callable[[float], None] = time.sleep) -> int:
         sleep(config.idle_check_s)
 
 
+def watch_budget_s(config: Config) -> float:
+    """How long the watch's flush may start sends: a mail server that is slow or away
+    must not hold up the next idle check (a pass also ends at the first send that cannot
+    reach the server, so it waits out one connection timeout at most)."""
+    return min(WATCH_FLUSH_MAX_S, config.idle_check_s / 2)
+
+
+WATCH_FLUSH_MAX_S = 20.0
+
+
 def idle_pass(config: Config, clock: Callable[[], float] = time.time, transport: Transport | None = None,
               slurm: idle.SlurmAccess | None = None) -> int:
-    """One idle-GPU check, then a flush; never raises (it runs as a service)."""
+    """One idle-GPU check, then a bounded flush; never raises (it runs as a service).
+    The flush runs whatever the check did: a store or Slurm away stops no mail."""
     _logging(config)
+    checked = _idle_check(config, clock, slurm)
     try:
-        if config.idle_alert_min > 0:
-            from ..store import open_store
-
-            box = Outbox(config.mail_spool_dir).make()
-            with open_store(config.store_read_url, readonly=True) as store:
-                for line in idle.check(config, store, slurm or idle.SlurmCommands(config), box, clock()):
-                    log.info("%s", line)
-        return flush(config, transport, clock)
-    except Exception:  # a bug, or a store away: said, and the next pass tries again
-        log.exception("gpueff-mail: idle check failed")
+        flushed = flush(config, transport, clock, budget_s=watch_budget_s(config))
+    except Exception:  # a bug, or the spool unusable: said, and the next pass tries again
+        log.exception("gpueff-mail: flush failed")
         return 1
+    return 0 if checked and flushed == 0 else 1
+
+
+def _idle_check(config: Config, clock: Callable[[], float], slurm: idle.SlurmAccess | None) -> bool:
+    if config.idle_alert_min <= 0:
+        return True
+    try:
+        from ..store import open_store
+
+        box = Outbox(config.mail_spool_dir).make()
+        with open_store(config.store_read_url, readonly=True) as store:
+            for line in idle.check(config, store, slurm or idle.SlurmCommands(config), box, clock()):
+                log.info("%s", line)
+    except GpuEffError as exc:  # the store or Slurm away: said, and the next pass tries again
+        log.error("gpueff-mail: idle check failed: %s", exc)
+        return False
+    except Exception:  # a bug: said in full
+        log.exception("gpueff-mail: idle check failed")
+        return False
+    return True
 
 
 def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[], float],
@@ -455,10 +483,11 @@ def transport_for(config: Config, timeout_s: float = 30.0) -> Transport:
 
 
 def _deliver(box: Outbox, transport: Transport, config: Config, clock: Callable[[], float],
-             only: set[str] | None = None) -> Delivered:
-    """Send what is due in the outbox (of `only`, if given), and log what happened."""
+             only: set[str] | None = None, until: float | None = None) -> Delivered:
+    """Send what is due in the outbox (of `only`, if given; no send started after
+    `until`, time.monotonic()), and log what happened."""
     done = box.deliver(transport, clock(), config.mail_retry_s, config.mail_retry_max_s,
-                       config.mail_retry_for_s, only=only)
+                       config.mail_retry_for_s, only=only, until=until, clock=clock)
     _log_delivery(done)
     return done
 
@@ -470,6 +499,9 @@ def _log_delivery(done: Delivered) -> None:
         log.warning("not sent yet: %s", error)
     for name in done.given_up:
         log.error("given up: %s (kept in the spool's failed/)", name)
+    if done.left:
+        log.info("%d message(s) left for the next try (the server unreachable, or out of time)",
+                 len(done.left))
 
 
 def _logging(config: Config) -> None:
