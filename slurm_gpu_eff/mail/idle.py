@@ -6,12 +6,21 @@ passes the alert or the cancel minute; the copies reach the store as every summa
 Here, on the host with the mail spool: the running jobs with a GPU idle past the alert
 minute are read from the store, Slurm is asked about each (still running? exempt? who
 gets the mail?), its user is mailed once, and, where the site cancels, the job is
-cancelled `idle_cancel_min` minutes after the alert if the GPU is still idle, the reason
-in its AdminComment (sacct shows it). The nodes never call Slurm for this.
+cancelled `idle_cancel_min` minutes after the alert reached the mail server if the GPU
+is still idle, the reason in its AdminComment (sacct shows it). The nodes never call
+Slurm for this.
 
 What was done for each job run is kept in the mail spool's `idle/`, one file a run:
 nothing is done twice whatever restarts, and the job-end mail reads it to say the job
 was cancelled and why.
+
+A cancel is the worst thing this can do to a user, so the watch acts only on evidence
+that cannot be another job's or a misreading (issue 20): only its own cluster's rows of
+a shared store; only a job squeue shows as the store's run (same user, the store's nodes
+among its own, started when the run's prolog ran); never where the sampler could not
+verify, on every node, that the GPUs it read are the job's (the admins are told in the
+mail log instead); the cancel minutes count from the alert's delivery, and an alert that
+never went out cancels nothing; one job's error stops no other job's check.
 """
 
 from __future__ import annotations
@@ -19,16 +28,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
+import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.message import EmailMessage
 from typing import Any, Protocol
 
 from ..config import Config, find_command
+from ..errors import GpuEffError, SlurmError
+from ..hostlist import expand_hostlist
 from ..model import IDLE_UTIL, RUNNING, NodeSummary
+from ..node.verify import VERIFIED
 from ..report.render import render_idle
-from ..slurm import RunningJob, cancel_job, running_job
+from ..sacct import JOB_ID, check_job_id, fresh_delimiter
+from ..slurm import RunningJob, cancel_job
 from ..store.base import Store
 from .message import new_message, recipients, sender
 from .outbox import Outbox, held_alone, safe_name, write_whole
@@ -43,7 +58,7 @@ class IdleGpu:
     index: int
     minor: int | None
     since: float  # when the stretch began (the node's clock)
-    seconds: float  # its length when the node last reported
+    seconds: float  # its measured length when the node last reported
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,10 @@ class IdleJob:
     run: int  # when its prolog ran: a requeued job is alerted anew
     gpus: list[IdleGpu]  # those idle past the alert minute, longest first
     gpu_count: int  # the job's GPUs on the nodes that reported
+    user: str = ""  # the run's owner as its nodes' prologs saw it ("": they disagree)
+    nodes: tuple[str, ...] = ()  # the nodes that reported this run
+    started: float = 0.0  # its first prolog (epoch seconds)
+    binding: tuple[tuple[str, str, str], ...] = ()  # per node: (node, status, first evidence)
 
     @property
     def key(self) -> str:
@@ -63,8 +82,18 @@ class IdleJob:
         return self.gpus[0].seconds
 
 
+@dataclass(frozen=True)
+class JobNow(RunningJob):
+    """The job as squeue shows it now, with what tells this run and this task apart."""
+
+    task_id: str = ""  # the id naming this array task or component alone (1234_7, 1234+1)
+    start_at: float | None = None  # when slurmctld started this run
+
+
 class SlurmAccess(Protocol):
-    def running_job(self, job_id: str) -> RunningJob | None: ...
+    def cluster(self) -> str: ...
+
+    def running_job(self, job_id: str) -> JobNow | None: ...
 
     def cancel(self, job_id: str, cluster: str, reason: str) -> None: ...
 
@@ -76,11 +105,110 @@ class SlurmCommands:
         self.commands = {name: find_command(getattr(config, name))
                          for name in ("squeue", "scontrol", "scancel", "sacct", "sacctmgr")}
 
-    def running_job(self, job_id: str) -> RunningJob | None:
-        return running_job(job_id, self.commands["squeue"])
+    def cluster(self) -> str:
+        return cluster_name(self.commands["scontrol"])
+
+    def running_job(self, job_id: str) -> JobNow | None:
+        return job_now(job_id, self.commands["squeue"])
 
     def cancel(self, job_id: str, cluster: str, reason: str) -> None:
         cancel_job(job_id, cluster, reason, self.commands)
+
+
+# -- what Slurm says ------------------------------------------------------------------------------
+
+def cluster_name(scontrol: str = "scontrol") -> str:
+    """slurmctld's own ClusterName: the name its prologs give every row this cluster's
+    nodes write (SLURM_CLUSTER_NAME), asked once a pass. Not a setting of ours: a copied
+    config would name the wrong cluster, and the watch would act on another's jobs."""
+    done = _slurm([scontrol, "show", "config"], 30)
+    if done.returncode != 0:
+        raise SlurmError(f"scontrol show config failed: {_said(done)}")
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName" and value.strip():
+            return value.strip()
+    raise SlurmError("scontrol show config names no ClusterName")
+
+
+# squeue's names for JobNow's fields, in order. JobID is the job's own (raw) id, one per
+# array task and component; JobArrayID the name of the task alone (%i: 1234_7, 1234+1).
+SQUEUE_FIELDS = (
+    ("JobID", "job_id"), ("JobArrayID", "task_id"), ("Name", "name"), ("UserName", "user"),
+    ("Account", "account"), ("Partition", "partition"), ("State", "state"), ("BatchFlag", "batch"),
+    ("Comment", "comment"), ("TimeLimit", "time_limit"), ("TimeUsed", "run_time"),
+    ("NodeList", "nodes"), ("tres-alloc", "tres"), ("StartTime", "start_at"),
+)
+
+
+def job_now(job_id: str, squeue: str = "squeue") -> JobNow | None:
+    """The job whose own id is `job_id` while slurmctld holds it; None once it is gone.
+    `squeue -j` on an array's id lists every task of it (the last task keeps the array's
+    id as its own), on a heterogeneous job's every component: the row of this id is the
+    one. Each field ends with a fresh delimiter, so no name or comment forges another."""
+    job_id = check_job_id(job_id)
+    delimiter = fresh_delimiter()
+    # ":0": no width, so nothing is cut or padded; the suffix ends each field
+    form = ",".join(f"{name}:0{delimiter}" for name, _ in SQUEUE_FIELDS)
+    # StartTime in epoch seconds (Slurm's strftime): no local time to read back, whose
+    # hour a change from summer time makes ambiguous, whatever the site's format says
+    done = _slurm([squeue, "-h", "-j", job_id, "-O", form], 30, {"SLURM_TIME_FORMAT": "%s"})
+    if done.returncode != 0:
+        if "Invalid job id" in _said(done):
+            return None
+        raise SlurmError(f"squeue failed: {_said(done)}")
+    rows = squeue_rows(done.stdout.decode("utf-8", "replace"), delimiter, job_id)
+    return next((row for row in rows if row.job_id == job_id), None)
+
+
+def squeue_rows(text: str, delimiter: str, job_id: str) -> list[JobNow]:
+    """squeue's rows: every field, the last of a row too, ends with the delimiter, and a
+    newline parts the rows (it begins the next row's first field)."""
+    if not text.strip():
+        return []
+    values, width = text.split(delimiter), len(SQUEUE_FIELDS)
+    if (len(values) - 1) % width or values[-1].strip():
+        raise SlurmError(f"squeue gave {len(values) - 1} fields for job {job_id}, not rows of {width}")
+    return [_job_now(values[at:at + width]) for at in range(0, len(values) - 1, width)]
+
+
+def _job_now(values: list[str]) -> JobNow:
+    fields = {key: (value if key in ("name", "comment") else value.strip())
+              for (_, key), value in zip(SQUEUE_FIELDS, values, strict=True)}
+    if fields["comment"] == "(null)":
+        fields["comment"] = ""
+    task_id, start, batch = fields.pop("task_id"), fields.pop("start_at"), fields.pop("batch")
+    return JobNow(**fields, batch=batch == "1", task_id=task_id if JOB_ID.match(task_id) else "",
+                  start_at=_start(start))
+
+
+def _start(text: str) -> float | None:
+    """Epoch seconds as asked, or Slurm's standard local time (a squeue that ignored
+    SLURM_TIME_FORMAT); None for "N/A", "Unknown": no start to compare with."""
+    if text.isdigit():
+        return float(text)
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _slurm(command: list[str], timeout: float, env: dict[str, str] | None = None,
+           ) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(command, capture_output=True, timeout=timeout, check=False,
+                              env=None if env is None else {**os.environ, **env})
+    except FileNotFoundError as exc:
+        raise SlurmError(f"{command[0]} not found: set it in [slurm]") from exc
+    except OSError as exc:
+        raise SlurmError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError(f"{command[0]} did not answer within {timeout:g} s") from exc
+
+
+def _said(done: subprocess.CompletedProcess[bytes]) -> str:
+    lines = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 @dataclass(frozen=True)
@@ -123,30 +251,32 @@ def _names(text: str) -> frozenset[str]:
 
 # The running jobs' node copies, found through the GPU rows' index on sampled_until (the
 # summaries' table has none on status: a scan of every job ever would grow without end).
+# This cluster's only: one store may hold several clusters, whose job ids overlap ours.
 _RUNNING = """
 SELECT body FROM node_summaries
 WHERE (cluster, job_id, node, run) IN (
-    SELECT cluster, job_id, node, run FROM gpus WHERE sampled_until >= :fresh AND status = :running)
+    SELECT cluster, job_id, node, run FROM gpus
+    WHERE sampled_until >= :fresh AND status = :running AND cluster = :cluster)
 """
 
 
 RUN_SPREAD_S = 60  # one run's nodes start within this of each other; a requeue, later
 
 
-def idle_jobs(store: Store, fresh: float, alert_s: float) -> list[IdleJob]:
-    """Running jobs (copies sampled since `fresh`) with a GPU idle for alert_s or more:
-    one a job, its current run (its nodes' copies; the copies of an earlier run are not
-    it: a requeued job is another run, alerted anew)."""
-    by_job: dict[tuple[str, str], list[NodeSummary]] = {}
-    for row in store.read(_RUNNING, {"fresh": fresh, "running": RUNNING}):
+def idle_jobs(store: Store, fresh: float, alert_s: float, cluster: str) -> list[IdleJob]:
+    """The cluster's running jobs (copies sampled since `fresh`) with a GPU idle for
+    alert_s or more: one a job, its current run (its nodes' copies; the copies of an
+    earlier run are not it: a requeued job is another run, alerted anew)."""
+    by_job: dict[str, list[NodeSummary]] = {}
+    for row in store.read(_RUNNING, {"fresh": fresh, "running": RUNNING, "cluster": cluster}):
         try:
             summary = NodeSummary.from_dict(json.loads(row["body"]))
         except (ValueError, TypeError) as exc:  # one bad row must not stop the alerts of all
             log.error("idle check: a running summary the store holds cannot be read: %s", exc)
             continue
-        by_job.setdefault((summary.cluster, summary.job_id), []).append(summary)
+        by_job.setdefault(summary.job_id, []).append(summary)
     found = []
-    for (cluster, job_id), copies in sorted(by_job.items()):
+    for job_id, copies in sorted(by_job.items()):
         latest = max(s.run_started_at or 0.0 for s in copies)
         nodes = [s for s in copies if (s.run_started_at or 0.0) > latest - RUN_SPREAD_S]
         idle = [IdleGpu(g.node, g.index, g.minor, float(g.idle_now["since"]), float(g.idle_now["seconds"]))
@@ -154,9 +284,56 @@ def idle_jobs(store: Store, fresh: float, alert_s: float) -> list[IdleJob]:
                 if g.idle_now and float(g.idle_now.get("seconds", 0)) >= alert_s]
         if idle:
             idle.sort(key=lambda g: -g.seconds)
-            run = int(min(s.run_started_at or 0.0 for s in nodes))
-            found.append(IdleJob(cluster, job_id, run, idle, sum(len(s.gpus) for s in nodes)))
+            found.append(_idle_job(cluster, job_id, nodes, idle))
     return found
+
+
+def _idle_job(cluster: str, job_id: str, nodes: list[NodeSummary], idle: list[IdleGpu]) -> IdleJob:
+    started = min(s.run_started_at or 0.0 for s in nodes)
+    users = {s.user for s in nodes}
+    binding = tuple((s.node, str((s.binding or {}).get("status") or "not checked"),
+                     str(((s.binding or {}).get("evidence") or [""])[0])[:200]) for s in nodes)
+    return IdleJob(cluster, job_id, int(started), idle, sum(len(s.gpus) for s in nodes),
+                   user=users.pop() if len(users) == 1 else "", nodes=tuple(sorted(s.node for s in nodes)),
+                   started=started, binding=binding)
+
+
+# -- is it the run the store holds, and are its figures the job's own? -----------------------------
+
+# The run's first prolog against slurmctld's start: squeue's is whole seconds and the
+# nodes' clocks may be a little off (EARLY_S); the prolog runs after the allocation,
+# later on a loaded node, or at the first step without PrologFlags=Alloc (LATE_S). A
+# requeued run starts long after its stretch began, far outside this.
+EARLY_S, LATE_S = 2.0, 30.0
+
+
+def not_this_run(job: IdleJob, now: JobNow) -> str | None:
+    """Why the job squeue shows is not the run the store holds (None: it is)."""
+    if not job.user or now.user != job.user:
+        return f"squeue's job {job.job_id} belongs to {now.user!r}, the store's run to {job.user!r}"
+    missing = sorted(set(job.nodes) - set(expand_hostlist(now.nodes)))
+    if missing:
+        return f"squeue's job {job.job_id} runs on {now.nodes!r}, not on {', '.join(missing)}"
+    if now.start_at is None:
+        return f"squeue gave no start time for job {job.job_id}"
+    if not -EARLY_S <= job.started - now.start_at <= LATE_S:
+        return (f"squeue's job {job.job_id} started at {_clock(now.start_at)}, the store's run "
+                f"at {_clock(job.started)}")
+    if not now.task_id:
+        return f"squeue gave no id for job {job.job_id}'s own task"
+    return None
+
+
+def binding_doubt(job: IdleJob) -> str | None:
+    """Why the GPUs read idle may not be the ones the job uses (None: each node's sampler
+    verified its binding): a lying gres map makes a busy job's GPU read idle."""
+    doubts = [f"{status} on {node}" + (f" ({evidence})" if evidence else "")
+              for node, status, evidence in job.binding if status != VERIFIED]
+    return "; ".join(doubts) or None
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
 
 
 # -- what was done, per job run -----------------------------------------------------------------
@@ -213,7 +390,9 @@ class Ledger:
 
 
 def check(config: Config, store: Store, slurm: SlurmAccess, box: Outbox, now: float) -> list[str]:
-    """One look at the running jobs; what was done (for the log), messages in the outbox."""
+    """One look at this cluster's running jobs; what was done (for the log), messages in
+    the outbox. Raises SlurmError when Slurm cannot say which cluster this is: then no job
+    is acted on."""
     policy = Policy.from_config(config)
     if not policy.on:
         return []
@@ -222,10 +401,24 @@ def check(config: Config, store: Store, slurm: SlurmAccess, box: Outbox, now: fl
         if not mine:
             return []
         ledger.prune(now - KEEP_S)
+        box.prune_receipts(now - KEEP_S)
+        cluster = slurm.cluster()
         # a live copy is live_s old at most, plus its delivery: older, its sampler is gone
         fresh = now - max(3 * config.live_s + 60, 2 * config.idle_check_s)
-        return [done for job in idle_jobs(store, fresh, policy.alert_s)
-                for done in [_act(job, policy, config, slurm, box, ledger, now)] if done]
+        return [done for job in idle_jobs(store, fresh, policy.alert_s, cluster)
+                for done in [_act_alone(job, policy, config, slurm, box, ledger, now)] if done]
+
+
+def _act_alone(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: Outbox,
+               ledger: Ledger, now: float) -> str:
+    """_act, whose failure is this job's alone: logged, and the other jobs are checked."""
+    try:
+        return _act(job, policy, config, slurm, box, ledger, now)
+    except GpuEffError as exc:  # Slurm or the spool away: the next pass tries again
+        log.error("job %s: idle check failed: %s", job.job_id, exc)
+    except Exception:  # a bug: said in full, and still only this job's
+        log.exception("job %s: idle check failed", job.job_id)
+    return ""
 
 
 def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: Outbox,
@@ -233,13 +426,17 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
     record = ledger.get(job.key)
     if record.get("broken") or record.get("cancelled_at") or record.get("cancel_error"):
         return ""
-    alerted = record.get("alerted_at")
-    cancel_due = (policy.cancel_s > 0 and alerted is not None and now - float(alerted) >= policy.cancel_s
-                  and _still(job, record.get("gpus") or [], policy.alert_s + policy.cancel_s))
-    if alerted is not None and not cancel_due:
-        return ""
+    if record.get("alerted_at") is not None:
+        record = _delivery(job, record, box, ledger)
+        if not _cancel_due(job, record, policy, now):
+            return ""
     facts = slurm.running_job(job.job_id)
     if facts is None or facts.state != "RUNNING":  # ended, or suspended: not idle by its own doing
+        return ""
+    other = not_this_run(job, facts)
+    if other is not None:
+        _tell_once(ledger, job, record, ("not_this_run", other), logging.WARNING,
+                   f"job {job.job_id}: left alone: {other}")
         return ""
     why = policy.exempt(facts)
     if why is not None:
@@ -247,15 +444,32 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
             ledger.put(job.key, {**record, "exempt": why})
             return f"job {job.job_id}: GPU idle, no alert: {why}"
         return ""
-    if not cancel_due:
-        ledger.put(job.key, {**record, "alerted_at": now, "gpus": [g.__dict__ for g in job.gpus]})
-        _mail(box, config, facts, "alert", job, policy, now)
-        return f"job {job.job_id}: alerted {facts.user} (GPU idle {job.longest_s / 60:.1f} min)"
+    doubt = binding_doubt(job)
+    if doubt is not None:
+        _tell_once(ledger, job, record, ("binding", doubt), logging.ERROR, _doubt_note(job, facts, doubt))
+        return ""
+    if record.get("alerted_at") is None:
+        return _alert(job, policy, config, facts, box, ledger, record, now)
+    return _cancel(job, policy, config, slurm, facts, box, ledger, record, now)
+
+
+def _alert(job: IdleJob, policy: Policy, config: Config, facts: JobNow, box: Outbox, ledger: Ledger,
+           record: dict[str, Any], now: float) -> str:
+    # recorded first: an alert is never sent twice, whatever happens next
+    ledger.put(job.key, {**record, "alerted_at": now, "gpus": [g.__dict__ for g in job.gpus]})
+    if not _mail(box, config, facts, "alert", job, policy, now):
+        ledger.put(job.key, {**record, "alerted_at": now, "alert_lost": "the alert could not be made"})
+    return f"job {job.job_id}: alerted {facts.user} (GPU idle {job.longest_s / 60:.1f} min)"
+
+
+def _cancel(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, facts: JobNow, box: Outbox,
+            ledger: Ledger, record: dict[str, Any], now: float) -> str:
     reason = cancel_reason(job)
     # recorded first: the job's end mail may be made before this call returns
     ledger.put(job.key, {**record, "cancelled_at": now, "reason": reason})
     try:
-        slurm.cancel(job.job_id, job.cluster, reason)
+        # by the task's own id: an array's (or a heterogeneous job's) id would end them all
+        slurm.cancel(facts.task_id, job.cluster, reason)
     except Exception as exc:  # said once, in the log and the record: never tried in a loop
         ledger.put(job.key, {**record, "cancel_error": str(exc)})
         log.error("job %s: could not cancel: %s", job.job_id, exc)
@@ -264,12 +478,63 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
     return f"job {job.job_id}: cancelled ({reason})"
 
 
+def _tell_once(ledger: Ledger, job: IdleJob, record: dict[str, Any], said: tuple[str, str], level: int,
+               note: str) -> None:
+    """The admins' note, in the mail log once a job run while `said` (key, what) stays the
+    same (the check comes back every pass, the idle minutes in the note grow)."""
+    key, what = said
+    if record.get(key) != what:
+        ledger.put(job.key, {**record, key: what})
+        log.log(level, "%s", note)
+
+
+def _doubt_note(job: IdleJob, facts: JobNow, doubt: str) -> str:
+    g = job.gpus[0]
+    return (f"job {job.job_id} ({facts.user}): GPU {g.index} on {g.node} reads idle for {span(g.seconds)}, "
+            f"but the sampler could not verify that the GPUs it read are the job's: {doubt}. Neither "
+            f"alerted nor cancelled; check the node's gres.conf against its devices (`gpueff "
+            f"{job.job_id} --json`, binding)")
+
+
+def _delivery(job: IdleJob, record: dict[str, Any], box: Outbox, ledger: Ledger) -> dict[str, Any]:
+    """The record with when the alert reached the mail server (`delivered_at`), or why it
+    never will (`alert_lost`, said once): the cancel minutes count from the delivery."""
+    if record.get("delivered_at") is not None or record.get("alert_lost"):
+        return record
+    name = alert_name(job)
+    waiting = box.holds(name)  # first: a send between the two looks leaves its receipt
+    sent_at = box.receipt(name)
+    if sent_at is not None:
+        record = {**record, "delivered_at": sent_at}
+    elif waiting:
+        return record
+    else:
+        why = ("never delivered (given up: the spool's failed/)" if box.given_up(name) else
+               "not known to be delivered (not in the outbox, no receipt: never made, or sent by a "
+               "version that kept none)")
+        record = {**record, "alert_lost": why}
+        log.error("job %s: the idle alert was %s: the job will not be cancelled", job.job_id, why)
+    ledger.put(job.key, record)
+    return record
+
+
+def _cancel_due(job: IdleJob, record: dict[str, Any], policy: Policy, now: float) -> bool:
+    delivered = record.get("delivered_at")
+    return (policy.cancel_s > 0 and delivered is not None and now - float(delivered) >= policy.cancel_s
+            and _still(job, record.get("gpus") or [], policy.alert_s + policy.cancel_s))
+
+
 def _still(job: IdleJob, alerted: list[dict[str, Any]], cancel_at_s: float) -> bool:
     """A GPU the alert named is still in the stretch the alert was about (it began when
     that one did: a GPU that worked since began a new one), long enough to cancel."""
     named = {(g.get("node"), g.get("index")): float(g.get("since", 0.0)) for g in alerted}
     return any(abs(named.get((g.node, g.index), -1e18) - g.since) < 1.0 and g.seconds >= cancel_at_s
                for g in job.gpus)
+
+
+def alert_name(job: IdleJob) -> str:
+    """The alert's name in the outbox (and its receipt's)."""
+    return f"idle-alert-{job.key}"
 
 
 def cancelled_note(config: Config, cluster: str, job_id: str) -> str:
@@ -293,13 +558,16 @@ def cancel_reason(job: IdleJob) -> str:
             f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(g.since))}")
 
 
-def _mail(box: Outbox, config: Config, facts: RunningJob, kind: str, job: IdleJob, policy: Policy,
-          now: float) -> None:
+def _mail(box: Outbox, config: Config, facts: JobNow, kind: str, job: IdleJob, policy: Policy,
+          now: float) -> bool:
+    """The message into the outbox (the alert with a receipt: the cancel clock's start)."""
     try:
         message, to = idle_message(config, facts, kind, job, policy, now)
-        box.post(message, to, now, job=job.job_id, name=f"idle-{kind}-{job.key}")
+        box.post(message, to, now, job=job.job_id, name=f"idle-{kind}-{job.key}", receipt=kind == "alert")
     except (OSError, ValueError) as exc:  # the record says it was done: logged, never sent twice
         log.error("job %s: the idle %s mail was not made: %s", job.job_id, kind, exc)
+        return False
+    return True
 
 
 def recipient(facts: RunningJob, domain: str) -> str:
@@ -310,14 +578,18 @@ def recipient(facts: RunningJob, domain: str) -> str:
     return f"{facts.user}@{domain}" if domain else facts.user
 
 
-def idle_message(config: Config, facts: RunningJob, kind: str, job: IdleJob, policy: Policy,
+def idle_message(config: Config, facts: JobNow, kind: str, job: IdleJob, policy: Policy,
                  now: float) -> tuple[EmailMessage, list[str]]:
     to = recipients(recipient(facts, config.mail_domain))
+    # The user's own name for the task (1234_7) in the subject and the commands the mail
+    # gives: `scancel 1234` would end every task of the array.
+    facts = replace(facts, job_id=facts.task_id or facts.job_id)
     if kind == "alert":
-        subject = (f"Slurm Job_id={job.job_id} Name={facts.name}: {len(job.gpus)} of {job.gpu_count} "
+        subject = (f"Slurm Job_id={facts.job_id} Name={facts.name}: {len(job.gpus)} of {job.gpu_count} "
                    f"GPUs idle for {span(job.longest_s)}")
     else:
-        subject = f"Slurm Job_id={job.job_id} Name={facts.name} cancelled: GPU idle for {span(job.longest_s)}"
+        subject = (f"Slurm Job_id={facts.job_id} Name={facts.name} cancelled: GPU idle for "
+                   f"{span(job.longest_s)}")
     message = new_message(sender(config.mail_from), to, subject)
     message.set_content(render_idle(kind, {
         "job": facts, "idle": job, "policy": policy, "now": now, "footer": config.mail_footer,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import email
 import json
+import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,10 +21,9 @@ from slurm_gpu_eff import model
 from slurm_gpu_eff.config import Config, load_config
 from slurm_gpu_eff.errors import SlurmError
 from slurm_gpu_eff.mail import idle, prog
-from slurm_gpu_eff.mail.outbox import Outbox
+from slurm_gpu_eff.mail.outbox import MailError, Outbox
 from slurm_gpu_eff.node.jobenv import JobContext
 from slurm_gpu_eff.node.sampler import GpuStats, Sampler
-from slurm_gpu_eff.slurm import RunningJob, running_job
 from slurm_gpu_eff.store import open_store
 from slurm_gpu_eff.store.base import Store
 from tests.configfile import write_config
@@ -126,9 +127,13 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield opened
 
 
+VERIFIED = {"status": "verified", "evidence": ["job 500's processes on its GPUs"]}
+
+
 def running(make_summary: Factory, idle_s: tuple[float | None, ...], job_id: str = "500",
             node: str = "gpu1", sampled_until: float = NOW, run: float = NOW - 7200,
             **kw: Any) -> model.NodeSummary:
+    kw.setdefault("binding", VERIFIED)
     summary = make_summary(node=node, status=model.RUNNING, utils=tuple(50.0 for _ in idle_s), job_id=job_id,
                            sampled_until=sampled_until, ended_at=None, run_started_at=run, **kw)
     for g, seconds in zip(summary.gpus, idle_s, strict=True):
@@ -144,18 +149,22 @@ def test_only_running_jobs_with_a_gpu_idle_past_the_alert_minute_and_a_fresh_cop
     store.put(running(make_summary, (300.0,), job_id="501"))  # idle, not long enough yet
     store.put(running(make_summary, (900.0,), job_id="502", sampled_until=NOW - 3600))  # its sampler is gone
     store.put(make_summary(job_id="503", utils=(0.0,)))  # over
-    found = idle.idle_jobs(store, fresh=NOW - 600, alert_s=600)
+    found = idle.idle_jobs(store, fresh=NOW - 600, alert_s=600, cluster="gpueffdev")
     assert [(j.job_id, j.gpu_count, [(g.node, g.index) for g in j.gpus]) for j in found] == [
         ("500", 4, [("gpu1", 1), ("gpu2", 1)])]
     assert found[0].longest_s == 700.0 and found[0].gpus[0].since == NOW - 700
+    assert (found[0].user, found[0].nodes, found[0].started) == ("alice", ("gpu1", "gpu2"), NOW - 7200)
 
 
 # -- the policy -------------------------------------------------------------------------------------
 
-def job(**changes: Any) -> RunningJob:
-    base = RunningJob(job_id="500", name="train", user="alice", account="physics", partition="gpu",
-                      state="RUNNING", batch=True, comment="", time_limit="4:00:00", run_time="1:00:00",
-                      nodes="gpu[1-2]", tres="cpu=8,mem=16G,node=2,billing=8,gres/gpu=4")
+def job(**changes: Any) -> idle.JobNow:
+    """The job squeue shows: the store's run of `running()` (alice's, on gpu1 and gpu2,
+    started when its prolog ran)."""
+    base = idle.JobNow(job_id="500", name="train", user="alice", account="physics", partition="gpu",
+                       state="RUNNING", batch=True, comment="", time_limit="4:00:00", run_time="1:00:00",
+                       nodes="gpu[1-2]", tres="cpu=8,mem=16G,node=2,billing=8,gres/gpu=4",
+                       task_id="500", start_at=NOW - 7200)
     return replace(base, **changes)
 
 
@@ -176,21 +185,46 @@ def test_exemptions(changes: dict[str, Any], settings: dict[str, Any], why: str 
 # -- one pass, and the next ----------------------------------------------------------------------
 
 class FakeSlurm:
-    """Slurm's side, recorded: the jobs it holds and what it was asked to cancel."""
+    """Slurm's side, recorded: this cluster's name, the jobs it holds (by their own id)
+    and what it was asked to cancel (by the task's id)."""
 
-    def __init__(self, **jobs: RunningJob) -> None:
+    def __init__(self, **jobs: idle.JobNow) -> None:
+        self.name = "gpueffdev"
         self.jobs = dict(jobs)
         self.cancelled: list[tuple[str, str]] = []
         self.fail_cancel = ""
+        self.fail_job: dict[str, Exception] = {}
 
-    def running_job(self, job_id: str) -> RunningJob | None:
+    def cluster(self) -> str:
+        return self.name
+
+    def running_job(self, job_id: str) -> idle.JobNow | None:
+        if job_id in self.fail_job:
+            raise self.fail_job[job_id]
         return self.jobs.get(job_id)
 
     def cancel(self, job_id: str, cluster: str, reason: str) -> None:
         if self.fail_cancel:
             raise SlurmError(self.fail_cancel)
         self.cancelled.append((job_id, reason))
-        self.jobs.pop(job_id, None)
+        self.jobs = {k: j for k, j in self.jobs.items() if j.task_id != job_id}
+
+
+class Server:
+    """A mail server that takes everything."""
+
+    def __init__(self) -> None:
+        self.took: list[email.message.Message] = []
+
+    def send(self, message: email.message.Message, to: list[str]) -> None:
+        self.took.append(message)
+
+
+def deliver(box: Outbox, at: float) -> Server:
+    """What waits in the outbox, taken by the mail server at `at`."""
+    server = Server()
+    box.deliver(server, at, 60, 1800, 86400)  # type: ignore[arg-type]
+    return server
 
 
 @pytest.fixture
@@ -219,12 +253,13 @@ def test_one_alert_a_job_run_then_a_cancel_after_its_minutes_then_nothing(
     assert "GPU 1 on gpu1 (device minor 1): idle since" in body and "scancel 500" in body
     assert "cancelled at about" in body and "gpueff:idle-ok" in body
     assert "cpu=8,mem=16G,node=2,billing=8,gres/gpu=4" in body and "time limit 4:00:00" in body
+    assert deliver(box, NOW + 1).took  # the mail server took it a second later
     # the next passes: the GPU still idle, but not yet 5 min after the alert -> nothing
-    store.put(running(make_summary, (None, 899.0), sampled_until=NOW + 299))
-    assert idle.check(policy_config, store, slurm, box, NOW + 299) == []
-    # 15 min idle and 5 min since the alert: cancelled, with the reason, and told
     store.put(running(make_summary, (None, 900.0), sampled_until=NOW + 300))
-    [done] = idle.check(policy_config, store, slurm, box, NOW + 300)
+    assert idle.check(policy_config, store, slurm, box, NOW + 300) == []
+    # 15 min idle and 5 min since the alert reached the server: cancelled, with the reason, and told
+    store.put(running(make_summary, (None, 901.0), sampled_until=NOW + 301))
+    [done] = idle.check(policy_config, store, slurm, box, NOW + 301)
     assert done.startswith(
         "job 500: cancelled (gpueff: cancelled by the idle-GPU policy: GPU 1 on gpu1")
     [(job_id, reason)] = slurm.cancelled
@@ -239,7 +274,7 @@ def test_one_alert_a_job_run_then_a_cancel_after_its_minutes_then_nothing(
     # and never again, whatever the store still says
     slurm.jobs["500"] = job()
     assert idle.check(policy_config, store, slurm, box, NOW + 900) == []
-    assert len(box.names()) == 2
+    assert len(box.names()) == 1  # the cancel's notice; the alert went out
 
 
 def test_a_watcher_that_was_away_alerts_first_and_cancels_only_minutes_later(
@@ -260,11 +295,12 @@ def test_a_gpu_that_works_again_is_not_cancelled(store: Store, make_summary: Fac
     box = Outbox(policy_config.mail_spool_dir).make()
     store.put(running(make_summary, (600.0,)))
     idle.check(policy_config, store, slurm, box, NOW)
+    deliver(box, NOW)
     store.put(running(make_summary, (None,), sampled_until=NOW + 600))  # busy again
     assert idle.check(policy_config, store, slurm, box, NOW + 600) == []
     store.put(running(make_summary, (620.0,), sampled_until=NOW + 1300))  # a new stretch, short of 15 min
     assert idle.check(policy_config, store, slurm, box, NOW + 1300) == []
-    assert slurm.cancelled == [] and len(box.names()) == 1
+    assert slurm.cancelled == [] and box.names() == []
 
 
 def test_an_exempt_job_gets_neither_alert_nor_cancel_and_is_logged_once(
@@ -310,6 +346,7 @@ def test_a_cancel_slurm_refuses_is_said_once_and_not_tried_again(
     box = Outbox(policy_config.mail_spool_dir).make()
     store.put(running(make_summary, (900.0,)))
     idle.check(policy_config, store, slurm, box, NOW)
+    deliver(box, NOW)
     slurm.fail_cancel = "Access/permission denied"
     store.put(running(make_summary, (1300.0,), sampled_until=NOW + 400))
     assert idle.check(policy_config, store, slurm, box, NOW + 400) == [
@@ -345,7 +382,7 @@ def test_a_broken_record_leaves_the_job_alone(store: Store, make_summary: Factor
     box = Outbox(policy_config.mail_spool_dir).make()
     store.put(running(make_summary, (900.0,)))
     ledger = idle.Ledger(box).make()
-    key = idle.idle_jobs(store, NOW - 600, 600)[0].key
+    key = idle.idle_jobs(store, NOW - 600, 600, "gpueffdev")[0].key
     (ledger.root / f"{key}.json").write_text("{not json")
     assert idle.check(policy_config, store, slurm, box, NOW) == []
     assert box.names() == []
@@ -370,34 +407,72 @@ def fake_command(tmp_path: Path, name: str, script: str) -> str:
     return str(path)
 
 
-def test_squeue_fields_come_by_their_delimiter_so_a_name_forges_nothing(tmp_path: Path) -> None:
-    # prints each field followed by the delimiter found in its -O argument
-    squeue = fake_command(tmp_path, "squeue", r'''
+def fake_squeue(tmp_path: Path, rows: list[list[str]]) -> str:
+    """squeue printing `rows`, each field followed by the delimiter its -O argument gives
+    (what it finds between JobID's and JobArrayID's names); the time format it was run
+    with goes into tmp_path/time_format."""
+    table = tmp_path / "squeue-rows"
+    table.write_text("".join("|".join(row) + "\n" for row in rows))
+    return fake_command(tmp_path, "squeue", f"""
 form=$5
-d=$(printf '%s' "$form" | sed 's/^JobID:0//; s/,Name:0.*//')
-guess=$(printf 'evil\0370000000000000000\037root')  # a delimiter guessed ahead of time
-printf '%s' "500$d" "$guess$d" "alice$d" "physics$d" "gpu$d" "RUNNING$d" "0$d" \
-  "(null)$d" "4:00:00$d" "10:00$d" "gpu1$d" "cpu=1,gres/gpu=1$d"
-echo
-''')
-    found = running_job("500", squeue)
+d=$(printf '%s' "$form" | sed 's/^JobID:0//; s/,JobArrayID:0.*//')
+printf '%s' "$SLURM_TIME_FORMAT" > {tmp_path}/time_format
+awk -F'|' -v d="$d" '{{for (i = 1; i <= NF; i++) printf "%s%s", $i, d; printf "\\n"}}' {table}
+""")
+
+
+def squeue_row(job_id: str = "500", task_id: str = "500", name: str = "train", user: str = "alice",
+               nodes: str = "gpu[1-2]", start: float = NOW - 7200) -> list[str]:
+    return [job_id, task_id, name, user, "physics", "gpu", "RUNNING", "1", "(null)", "4:00:00", "2:00:00",
+            nodes, "cpu=1,gres/gpu=2", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start))]
+
+
+def test_squeue_fields_come_by_their_delimiter_so_a_name_forges_nothing(tmp_path: Path) -> None:
+    guess = "evil\x1f0000000000000000\x1froot"  # a delimiter guessed ahead of time
+    found = idle.job_now("500", fake_squeue(tmp_path, [squeue_row(name=guess)]))
     assert found is not None
-    assert (found.user, found.batch, found.comment) == ("alice", False, "")
-    assert found.name == "evil\x1f0000000000000000\x1froot"  # all of it the name
+    assert (found.user, found.batch, found.comment, found.task_id) == ("alice", True, "", "500")
+    assert found.name == guess  # all of it the name
+    assert found.start_at == NOW - 7200 and found.nodes == "gpu[1-2]"
+    assert (tmp_path / "time_format").read_text() == "%s"  # epoch seconds, whatever the site's is
+    epoch = idle.job_now("500", fake_squeue(tmp_path, [squeue_row()[:-1] + [str(int(NOW - 7200))]]))
+    assert epoch is not None and epoch.start_at == NOW - 7200
+
+
+def test_squeue_listing_a_whole_array_gives_the_task_whose_own_id_was_asked(tmp_path: Path) -> None:
+    """Issue 20, finding 4: the array's last task keeps the array's id as its own, and
+    `squeue -j` on it lists every task: the row of that id is the job, named 500_3."""
+    squeue = fake_squeue(tmp_path, [squeue_row("501", "500_1", user="bob"), squeue_row("502", "500_2"),
+                                     squeue_row("500", "500_3")])
+    found = idle.job_now("500", squeue)
+    assert found is not None and (found.job_id, found.task_id) == ("500", "500_3")
+    assert idle.job_now("502", squeue).task_id == "500_2"  # type: ignore[union-attr]
+    assert idle.job_now("503", squeue) is None  # not among them: gone
 
 
 def test_squeue_that_no_longer_knows_the_job_means_it_ended(tmp_path: Path) -> None:
     squeue = fake_command(tmp_path, "squeue",
                           'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n')
-    assert running_job("500", squeue) is None
+    assert idle.job_now("500", squeue) is None
     empty = fake_command(tmp_path, "squeue2", "exit 0\n")
-    assert running_job("500", empty) is None
+    assert idle.job_now("500", empty) is None
 
 
 def test_squeue_with_fields_missing_is_an_error_not_a_guess(tmp_path: Path) -> None:
     squeue = fake_command(tmp_path, "squeue", 'echo "500 train alice"\n')
     with pytest.raises(SlurmError, match="fields for job 500"):
-        running_job("500", squeue)
+        idle.job_now("500", squeue)
+
+
+def test_the_cluster_is_the_one_slurmctld_names(tmp_path: Path) -> None:
+    shown = "AccountingStorageType   = x\\nClusterName             = gpueffdev\\nPrivateData = jobs\\n"
+    scontrol = fake_command(tmp_path, "scontrol", f'printf "{shown}"\n')
+    assert idle.cluster_name(scontrol) == "gpueffdev"
+    with pytest.raises(SlurmError, match="names no ClusterName"):
+        idle.cluster_name(fake_command(tmp_path, "scontrol2", "echo PrivateData = jobs\n"))
+    with pytest.raises(SlurmError, match="Unable to contact"):
+        idle.cluster_name(fake_command(tmp_path, "scontrol3",
+                                       "echo 'Unable to contact slurm controller' >&2; exit 1\n"))
 
 
 # -- the service ---------------------------------------------------------------------------------
@@ -520,7 +595,7 @@ def test_a_multi_node_job_is_one_job_however_its_nodes_started(store: Store, mak
     store.put(running(make_summary, (900.0,), node="gpu1", run=NOW - 7200.9))
     store.put(running(make_summary, (900.0,), node="gpu2", run=NOW - 7200.7 + 0.0))
     store.put(running(make_summary, (900.0,), node="gpu2", run=NOW - 86_400, sampled_until=NOW))  # requeued
-    [found] = idle.idle_jobs(store, NOW - 600, 600)
+    [found] = idle.idle_jobs(store, NOW - 600, 600, "gpueffdev")
     assert sorted(g.node for g in found.gpus) == ["gpu1", "gpu2"] and found.run == int(NOW - 7200.9)
     box = Outbox(policy_config.mail_spool_dir).make()
     assert len(idle.check(policy_config, store, FakeSlurm(**{"500": job()}), box, NOW)) == 1
@@ -533,6 +608,7 @@ def test_a_later_stretch_is_not_cancelled_on_the_first_one_s_alert(store: Store,
     box = Outbox(policy_config.mail_spool_dir).make()
     store.put(running(make_summary, (600.0,)))
     idle.check(policy_config, store, slurm, box, NOW)  # alerted: the stretch since NOW - 600
+    deliver(box, NOW)
     # the GPU worked, then idled again for 15 min: a stretch of its own, not alerted
     store.put(running(make_summary, (900.0,), sampled_until=NOW + 3600))
     assert idle.check(policy_config, store, slurm, box, NOW + 3600) == []
@@ -551,3 +627,212 @@ def test_a_cancel_whose_second_note_fails_is_still_a_cancel(tmp_path: Path) -> N
     cancel_job("500", "c", "gpueff: x", {"sacct": sacct, "sacctmgr": sacctmgr, "scancel": scancel,
                                          "scontrol": "/bin/false"}, sleep=lambda s: None)
     assert flag.exists()
+
+
+# -- issue 20: a cancel only on evidence that cannot be another job's or a misreading ----------------
+
+def warned(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gpueff.mail" and r.levelno == level]
+
+
+@pytest.mark.parametrize(("binding", "status"), [
+    ({"status": "mismatch", "evidence": ["job 500's processes on minor 2, not its own"]}, "mismatch"),
+    ({"status": "unverified", "evidence": ["no process of the job was seen on a GPU yet"]}, "unverified"),
+    (None, "not checked"),  # a sampler from before the check
+])
+def test_a_job_whose_gpus_are_not_verified_its_own_on_every_node_is_left_alone_and_the_admins_told(
+    binding: dict[str, Any] | None, status: str, store: Store, make_summary: Factory, policy_config: Config,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Finding 1: a lying gres map makes the sampler read a GPU the job does not use, idle
+    while the job works. Neither alert nor cancel: the mail log tells the admins, once."""
+    caplog.set_level(logging.INFO, logger="gpueff.mail")
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,), node="gpu1"))
+    store.put(running(make_summary, (3600.0,), node="gpu2", binding=binding))
+    assert idle.check(policy_config, store, slurm, box, NOW) == []
+    store.put(running(make_summary, (7200.0,), node="gpu1", sampled_until=NOW + 3600))
+    store.put(running(make_summary, (7200.0,), node="gpu2", sampled_until=NOW + 3600, binding=binding))
+    assert idle.check(policy_config, store, slurm, box, NOW + 3600) == []  # said once, the minutes grown
+    assert box.names() == [] and slurm.cancelled == []
+    [told] = warned(caplog, logging.ERROR)
+    assert told.startswith("job 500 (alice): GPU 0 on gpu1 reads idle for 60 min, but the sampler could not "
+                           f"verify that the GPUs it read are the job's: {status} on gpu2")
+    assert "Neither alerted nor cancelled" in told and "gpu1" not in told.split(": ", 2)[2].split(".")[0]
+
+
+def test_a_binding_found_wrong_after_the_alert_stops_the_cancel(
+    store: Store, make_summary: Factory, policy_config: Config, caplog: pytest.LogCaptureFixture,
+) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (600.0,)))
+    assert idle.check(policy_config, store, slurm, box, NOW)[0].startswith("job 500: alerted")
+    deliver(box, NOW)
+    store.put(running(make_summary, (1200.0,), sampled_until=NOW + 600,
+                      binding={"status": "mismatch", "evidence": ["minor 2 is not the job's"]}))
+    assert idle.check(policy_config, store, slurm, box, NOW + 600) == []
+    assert slurm.cancelled == [] and box.names() == []
+    assert "mismatch on gpu1 (minor 2 is not the job's)" in warned(caplog, logging.ERROR)[0]
+
+
+def test_the_watch_acts_on_its_own_cluster_s_rows_only(store: Store, make_summary: Factory,
+                                                       policy_config: Config) -> None:
+    """Finding 2: one store for two clusters. Job 500 of cluster `other` idles; this
+    cluster's job 500 is someone else's: it is not looked at."""
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,), cluster="other"))
+    assert idle.check(policy_config, store, slurm, box, NOW) == []
+    assert box.names() == [] and slurm.cancelled == []
+    assert [j.job_id for j in idle.idle_jobs(store, NOW - 600, 600, "other")] == ["500"]
+    assert idle.idle_jobs(store, NOW - 600, 600, "gpueffdev") == []
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"user": "bob"}, "squeue's job 500 belongs to 'bob', the store's run to 'alice'"),
+    ({"nodes": "gpu[3-4]"}, "squeue's job 500 runs on 'gpu[3-4]', not on gpu1"),
+    ({"start_at": NOW - 600}, "squeue's job 500 started at "),  # another run of this id
+    ({"start_at": NOW - 7200 + 60}, "squeue's job 500 started at "),  # after the store's run's prolog
+    ({"start_at": None}, "squeue gave no start time for job 500"),
+    ({"task_id": ""}, "squeue gave no id for job 500's own task"),
+])
+def test_a_job_squeue_shows_that_is_not_the_store_s_run_is_left_alone_and_said_why_once(
+    changes: dict[str, Any], why: str, store: Store, make_summary: Factory, policy_config: Config,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Finding 2: before it mails or cancels, the watch confirms that the job squeue
+    returns is the store's run: its user, the store's nodes among its own, its start
+    when the run's first prolog ran."""
+    caplog.set_level(logging.INFO, logger="gpueff.mail")
+    slurm = FakeSlurm(**{"500": job(**changes)})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,)))
+    assert idle.check(policy_config, store, slurm, box, NOW) == []
+    assert idle.check(policy_config, store, slurm, box, NOW + 60) == []
+    assert box.names() == [] and slurm.cancelled == []
+    [said] = warned(caplog, logging.WARNING)
+    assert said.startswith("job 500: left alone: " + why), said
+
+
+def test_the_store_s_run_is_known_with_its_prolog_late_and_a_node_yet_to_report(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    """The prolog runs after the allocation (20 s on a loaded node here); squeue's start
+    is whole seconds; gpu2 has not reported yet: all of that is still the store's run."""
+    slurm = FakeSlurm(**{"500": job(start_at=NOW - 7220.0)})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,), run=NOW - 7200.0))
+    assert idle.check(policy_config, store, slurm, box, NOW)[0].startswith("job 500: alerted")
+    slurm.jobs["500"] = job(start_at=NOW - 7199.0)  # prolog 0.9 s before squeue's whole second
+    store.put(running(make_summary, (3600.0,), job_id="501", run=NOW - 7199.9))
+    slurm.jobs["501"] = job(job_id="501", task_id="501", start_at=NOW - 7199.0)
+    assert idle.check(policy_config, store, slurm, box, NOW)[0].startswith("job 501: alerted")
+
+
+def test_a_job_that_is_no_longer_the_store_s_run_at_the_cancel_is_not_cancelled(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (600.0,)))
+    idle.check(policy_config, store, slurm, box, NOW)
+    deliver(box, NOW)
+    slurm.jobs["500"] = job(user="bob", start_at=NOW + 100)  # the store's copy is stale; the id is bob's now
+    store.put(running(make_summary, (1200.0,), sampled_until=NOW + 600))
+    assert idle.check(policy_config, store, slurm, box, NOW + 600) == []
+    assert slurm.cancelled == []
+
+
+def test_one_job_s_error_stops_no_other_job_s_check(store: Store, make_summary: Factory,
+                                                    policy_config: Config,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 4: squeue failing on job 500 (or a bug on it) is job 500's alone."""
+    slurm = FakeSlurm(**{"501": job(job_id="501", task_id="501")})
+    slurm.fail_job["500"] = SlurmError("squeue failed: Socket timed out on send/recv operation")
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,), job_id="500"))
+    store.put(running(make_summary, (3600.0,), job_id="501"))
+    assert idle.check(policy_config, store, slurm, box, NOW) == ["job 501: alerted alice (GPU idle 60.0 min)"]
+    assert "job 500: idle check failed: squeue failed: Socket timed out" in caplog.text
+    slurm.fail_job["500"] = KeyError("a bug")
+    store.put(running(make_summary, (3600.0,), job_id="502"))
+    slurm.jobs["502"] = job(job_id="502", task_id="502")
+    assert idle.check(policy_config, store, slurm, box, NOW) == ["job 502: alerted alice (GPU idle 60.0 min)"]
+    assert "KeyError: 'a bug'" in caplog.text  # a bug is logged in full
+
+
+def test_an_array_task_is_checked_through_squeue_and_named_by_its_own_id(
+    tmp_path: Path, store: Store, make_summary: Factory,
+) -> None:
+    """Finding 4: job 500 is the array's last task (500_3); `squeue -j 500` lists the
+    whole array. It is found, alerted, and its mail names 500_3 (`scancel 500` would end
+    every task)."""
+    squeue = fake_squeue(tmp_path, [squeue_row("501", "500_1", user="bob"), squeue_row("500", "500_3")])
+    scontrol = fake_command(tmp_path, "scontrol", "echo 'ClusterName = gpueffdev'\n")
+    config = Config(idle_alert_min=10, idle_cancel_min=5, mail_spool_dir=str(tmp_path / "mail"),
+                    mail_domain="cluster.example", squeue=squeue, scontrol=scontrol)
+    box = Outbox(config.mail_spool_dir).make()
+    store.put(running(make_summary, (3600.0,)))
+    assert idle.check(config, store, idle.SlurmCommands(config), box, NOW) == [
+        "job 500: alerted alice (GPU idle 60.0 min)"]
+    [alert] = sent(box)
+    assert str(alert["Subject"]).startswith("Slurm Job_id=500_3 Name=train: 1 of 1 GPUs idle")
+    assert "scancel 500_3" in alert.get_content() and "scancel 500\n" not in alert.get_content()
+
+
+def test_an_array_task_is_cancelled_by_its_own_id_not_the_array_s(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    slurm = FakeSlurm(**{"500": job(task_id="500_3")})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (600.0,)))
+    idle.check(policy_config, store, slurm, box, NOW)
+    deliver(box, NOW)
+    store.put(running(make_summary, (900.0,), sampled_until=NOW + 300))
+    [done] = idle.check(policy_config, store, slurm, box, NOW + 300)
+    assert done.startswith("job 500: cancelled")
+    assert [job_id for job_id, _ in slurm.cancelled] == ["500_3"]
+
+
+def test_the_cancel_minutes_count_from_the_alert_s_delivery_not_its_queueing(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    """Finding 5: the mail server is away for half an hour; the alert waits in the
+    outbox, and the job is not cancelled until 5 minutes after its owner could read it."""
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (600.0,)))
+    assert idle.check(policy_config, store, slurm, box, NOW)[0].startswith("job 500: alerted")
+    store.put(running(make_summary, (2400.0,), sampled_until=NOW + 1800))
+    assert idle.check(policy_config, store, slurm, box, NOW + 1800) == []
+    [waiting] = idle.idle_jobs(store, NOW, 600, "gpueffdev")
+    assert slurm.cancelled == [] and box.holds(idle.alert_name(waiting))
+    deliver(box, NOW + 1800)  # the server is back
+    store.put(running(make_summary, (2699.0,), sampled_until=NOW + 2099))
+    assert idle.check(policy_config, store, slurm, box, NOW + 2099) == []
+    store.put(running(make_summary, (2700.0,), sampled_until=NOW + 2100))
+    assert idle.check(policy_config, store, slurm, box, NOW + 2100)[0].startswith("job 500: cancelled")
+
+
+def test_an_alert_that_never_went_out_cancels_nothing(store: Store, make_summary: Factory,
+                                                      policy_config: Config,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (600.0,)))
+    idle.check(policy_config, store, slurm, box, NOW)
+
+    class Refusing:
+        def send(self, message: Any, to: list[str]) -> None:
+            raise MailError("550 no such user", permanent=True)
+
+    assert box.deliver(Refusing(), NOW + 10, 60, 1800, 86400).given_up  # type: ignore[arg-type]
+    for at in (NOW + 600, NOW + 7200):
+        store.put(running(make_summary, (600.0 + at - NOW,), sampled_until=at))
+        assert idle.check(policy_config, store, slurm, box, at) == []
+    assert slurm.cancelled == []
+    assert warned(caplog, logging.ERROR) == [
+        "job 500: the idle alert was never delivered (given up: the spool's failed/): the job will not "
+        "be cancelled"]
