@@ -57,9 +57,11 @@ class GpuStats:
     def stat(self, name: str) -> Stat:
         return self.stats[name]
 
-    def add(self, reading: Reading, seconds: float, measured_s: float | None = None) -> None:
+    def add(self, reading: Reading, seconds: float, measured_s: float | None = None,
+            gap: bool = False) -> None:
         """`seconds`: the time the reading stands for on the driver's clock; `measured_s`:
-        the same on the monotonic clock (None: `seconds`), which the idle stretch counts."""
+        the same on the monotonic clock (None: `seconds`), which the idle stretch counts;
+        `gap`: no reading covered that time (the sampler was stopped)."""
         # Once a GPU a poll: what it costs is the sampler's own overhead (make bench).
         self.samples += 1
         self.seconds += seconds
@@ -87,15 +89,18 @@ class GpuStats:
             reading.time, seconds, util, gpm.get("sm_active") if gpm else None, power,
             None if mem is None else mem / 1024**3,
         )
-        self._add_idle(reading.time, seconds if measured_s is None else measured_s, util)
+        self._add_idle(reading.time, seconds if measured_s is None else measured_s, util, gap)
 
-    def _add_idle(self, at: float, seconds: float, util: float | None) -> None:
+    def _add_idle(self, at: float, seconds: float, util: float | None, gap: bool = False) -> None:
         """The stretch is the sum of the idle polls' measured seconds, never the distance
         between two clock readings: a wall-clock step (NTP) lengthens nothing, and a poll
         whose utilisation could not be read ends the stretch (no reading is no evidence
-        of idleness, and the idle policy cancels jobs on this figure)."""
+        of idleness, and the idle policy cancels jobs on this figure). After a `gap` an
+        idle poll begins a new stretch, the unread time not in it."""
         if self.first_at is None:
             self.first_at = at - seconds
+        if gap:
+            self.idle_from, self.idle_s, seconds = None, 0.0, 0.0
         if util is None or util >= Histogram.IDLE_BELOW:
             self.idle_from, self.idle_s = None, 0.0
             return

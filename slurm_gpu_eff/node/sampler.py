@@ -37,6 +37,10 @@ from .spool import SUMMARY, Spool, write_json
 from .verify import BindingCheck
 
 VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and the cgroup
+# A poll this late (the sampler stopped, or starved on a loaded node) follows a gap no
+# reading covered: it ends an idle stretch, never lengthens one (the idle policy cancels
+# on it). Polls interval_s apart, in the driver clock's seconds.
+GAP_POLLS, GAP_MIN_S = 5, 30.0
 
 
 class Sampler:
@@ -80,6 +84,7 @@ class Sampler:
         seconds = 0.0 if self._last is None else max(0.0, now - self._last)
         self._last = now
         measured = self._measured(seconds)
+        gap = measured > max(GAP_POLLS * self.config.interval_s, GAP_MIN_S)
         # Every GPU read first, then every reading added: the GPUs are read at one instant,
         # and each half runs with its code still warm from the GPU before (less CPU a poll).
         readings = []
@@ -92,7 +97,7 @@ class Sampler:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
         for stats, reading in readings:
-            stats.add(reading, seconds, measured)
+            stats.add(reading, seconds, measured, gap)
             if reading.pids and self.binding.wants(stats.gpu.minor, reading.pids):
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)

@@ -85,6 +85,25 @@ def test_a_wall_clock_step_does_not_lengthen_the_stretch(sim_node: Any) -> None:
     assert sampler.idle_level() == 0  # nowhere near an alert minute
 
 
+def test_a_sampler_stopped_for_minutes_ends_the_stretch_rather_than_extends_it(sim_node: Any) -> None:
+    """A gap no reading covered (the sampler stopped two minutes, both clocks moving):
+    the stretch starts again at the poll after it, the unread time not counted."""
+    from .conftest import BOOT
+
+    sim_node.write_state(0, {"phases": [{"seconds": 100_000, "gpus": {"*": {"util": 0}}}]},
+                         started_at=BOOT + 950.0)
+    session = sim_node.session()
+    mono = [500.0]
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([0]),
+                      clock=session.clock, monotonic=lambda: mono[0])
+    for step in (1.0, 1.0, 120.0, 1.0, 1.0):  # stopped before the 3rd poll
+        sim_node.now += step
+        mono[0] += step
+        sampler.sample_once()
+    assert sampler.gpus[0].idle_now() == (BOOT + 1122.0, pytest.approx(2.0))
+    assert sampler.gpus[0].idle_longest == (0.0, pytest.approx(2.0))
+
+
 def test_the_stretch_counts_the_simulation_s_seconds_under_a_time_scale(sim_node: Any) -> None:
     """The simulated driver runs `time_scale` times the wall clock: so does the stretch."""
     from .conftest import BOOT
