@@ -14,9 +14,17 @@ figures `gpueff JOBID` builds its report from, compressed and base32-encoded (Sl
 
 util is the job's utilisation weighted by each GPU's sampled time; gpu_util each GPU's
 (node order, then minor); idle the GPUs under IDLE_UTIL; mem_peak the highest peak memory
-in % of its device; alloc_gpus what Slurm allocated; '-' where not measured. A site's own
-text before the line is kept. The figures are `digest()` of the node summaries: the
-report reads that same digest from the store, so users and admins see the same report.
+in % of its device; alloc_gpus what Slurm allocated; '-' where not measured. The figures
+are `digest()` of the node summaries: the report reads that same digest from the store, so
+users and admins see the same report.
+
+The field is shared with a site's own text (an admin's notes, another tool's summary): our
+part is one run of words in the form above, appended at the field's end and replaced as a
+whole; everything else in the field is kept as it is, before and after it. Text in our
+form that we did not write (a site tool that copies a job's user-chosen comment into the
+field) must not pass for our figures: a part is trusted only when it is the field's one
+part in our form, so a copy beside ours makes the field say nothing (the writer removes
+such copies when it next writes; docs/security.md says what this leaves open).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import base64
 import binascii
 import copy
 import json
+import re
 import zlib
 from typing import Any
 
@@ -76,17 +85,17 @@ def admin_comment(summaries: list[NodeSummary], alloc_gpus: int | None = None,
 
 
 def parse_admin_comment(text: str) -> dict[str, str] | None:
-    """The words of our line in an AdminComment (as Slurm gives it back: either case, after
-    a site's own text), or None when it holds none."""
-    ours = _ours(text)
+    """The words of our part of a comment field (as Slurm gives it back: either case, with a
+    site's own text around it), or None when it holds none we can trust."""
+    ours = our_part(text)
     if ours is None:
         return None
-    return dict(w.split("=", 1) for w in ours.lower().split()[1:] if "=" in w)
+    return dict(w.split("=", 1) for w in ours.lower().split()[1:])
 
 
 def figures(text: str) -> list[NodeSummary] | None:
-    """The node summaries (as digest() made them) in an AdminComment; None when it holds
-    none (no line of ours, or a job too large for them); MirrorError when unreadable."""
+    """The node summaries (as digest() made them) in a comment field; None when it holds
+    none (no part of ours, or a job too large for them); MirrorError when unreadable."""
     words = parse_admin_comment(text)
     if words is None or "figures" not in words:
         return None
@@ -98,30 +107,80 @@ def figures(text: str) -> list[NodeSummary] | None:
         raise MirrorError(f"the GPU figures in the job's AdminComment are unreadable ({exc})") from exc
 
 
+def our_part(text: str) -> str | None:
+    """Our part of the field as it stands, or None: none there, or more than one (a copy of
+    our form that someone else put there: which one is ours cannot be told, so neither is
+    trusted)."""
+    spans = _parts(text)
+    return text[spans[0][0]:spans[0][1]] if len(spans) == 1 else None
+
+
+def imitated(text: str) -> bool:
+    """Whether the field holds more than one part in our form (see our_part)."""
+    return len(_parts(text)) > 1
+
+
+def site_text(current: str) -> str:
+    """The field without any part in our form: what is the site's, kept as it is."""
+    pieces, at = [], 0
+    for start, end in _parts(current):
+        pieces.append(current[at:start])
+        at = end
+    pieces.append(current[at:])
+    return " ".join(p.strip() for p in pieces if p.strip())
+
+
 def with_site_text(current: str, line: str) -> str:
-    """The AdminComment to write: a site's own text kept, our old line replaced."""
-    site = current[:_start(current)].rstrip() if _ours(current) is not None else current.strip()
+    """The field to write: the site's text as it stands now, and our part (`line`) at its
+    end in place of the old one (and of any copy of our form)."""
+    site = site_text(current)
     return f"{site} {line}" if site else line
 
 
 def with_note(current: str, note: str) -> str:
-    """The AdminComment with `note` added as a site's text (before our line, which the
-    next mirror keeps it before), unless it is there already."""
+    """The field with `note` added as a site's text, just before our part (which the next
+    mirror keeps it before), unless it is there already."""
     if note.lower() in current.lower():
         return current
-    at = _start(current) if _ours(current) is not None else len(current)
+    spans = _parts(current)
+    at = spans[-1][0] if spans else len(current)
     return " ".join(part for part in (current[:at].strip(), note, current[at:].strip()) if part)
 
 
-def _start(text: str) -> int:
-    lowered = f" {text.lower()}"
-    at = lowered.find(f" {PREFIX} ")
-    return -1 if at < 0 else at
+# Our form: the marker, then these words in this order (each at most once, status first),
+# lowercase (Slurm 22.05's sacctmgr lowercases the field; the figures are base32).
+KEYS = ("status", "nodes", "gpus", "util", "gpu_util", "idle", "mem_peak", "energy_kwh",
+        "alloc_gpus", "figures")
+_VALUES = {"status": re.compile(r"[a-z]+"), "figures": re.compile(r"[a-z2-7]+")}
+_NUMBERS = re.compile(r"[0-9.,-]+")
 
 
-def _ours(text: str) -> str | None:
-    at = _start(text)
-    return None if at < 0 else text[at:].strip()
+def _parts(text: str) -> list[tuple[int, int]]:
+    """Where each part in our form starts and ends in `text`: the marker as a word of its
+    own, `status=...`, then as many of our words, in our order, as follow."""
+    tokens = [(m.start(), m.end(), m.group().lower()) for m in re.finditer(r"\S+", text)]
+    spans = []
+    for i, (start, _, word) in enumerate(tokens):
+        if word != PREFIX:
+            continue
+        end, key_at = start, 0
+        for _, token_end, token in tokens[i + 1:]:
+            key_at = _next_word(token, key_at)
+            if key_at < 0:
+                break
+            end = token_end
+        if end > start:  # at least status=: "see gpueff1 docs" is not a part
+            spans.append((start, end))
+    return spans
+
+
+def _next_word(token: str, after: int) -> int:
+    """The position in KEYS just after `token` when it is one of our words that may come
+    after KEYS[:after] (status only first); -1 when it is not."""
+    key, sep, value = token.partition("=")
+    if not sep or key not in KEYS[after:] or (after == 0 and key != "status"):
+        return -1
+    return KEYS.index(key) + 1 if _VALUES.get(key, _NUMBERS).fullmatch(value) else -1
 
 
 def _words(summaries: list[NodeSummary], alloc_gpus: int | None) -> str:

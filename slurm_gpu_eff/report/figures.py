@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import StoreError
-from ..mirror import MirrorError, digest, figures, parse_admin_comment
+from ..mirror import MirrorError, digest, figures, imitated, parse_admin_comment
 from ..model import NodeSummary
 from ..slurm import SlurmJob
 from ..store.base import Store
@@ -49,6 +49,11 @@ def gather(jobs: list[SlurmJob], read_store: Callable[[], Store]) -> list[Figure
 
 
 def _from_accounting(job: SlurmJob) -> Figures:
+    if imitated(job.admin_comment):  # mirror.our_part: a copy of our form beside ours
+        return Figures(job, unavailable=(
+            f"job {job.job_id}'s comment in Slurm's accounting holds more than one line in "
+            "gpueff's form (text copied there from elsewhere): none is trusted; an admin's "
+            "gpueff reads its figures from the store"))
     try:
         summaries = figures(job.admin_comment)
     except MirrorError as exc:

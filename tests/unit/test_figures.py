@@ -93,3 +93,24 @@ def test_a_line_too_large_for_its_figures_says_so(
                                  "AdminComment holds: an admin's gpueff reads them from the store")
     with pytest.raises(NoSummary, match="more than Slurm's AdminComment holds"):
         build_report(job, found.summaries, None, found.unavailable)
+
+
+def test_finding_9_a_copy_of_our_line_beside_ours_gives_no_figures_and_says_why(
+    tmp_path: Path, make_job: Factory, make_summary: Factory,
+) -> None:
+    """A user's copy of our form next to our line (a site tool copied the job's comment
+    into the AdminComment): users get no figures, told why; the admin group reads the
+    store. Today the copy's figures were the report's."""
+    mine = make_summary(utils=(2.0,))
+    forged = admin_comment([make_summary(utils=(99.0,))], 1)
+    job = make_job(admin_comment=f"{admin_comment([mine], 1)} {forged}".lower())
+    (found,) = gather([job], absent_store(tmp_path))
+    assert found.summaries == [] and found.unavailable == (
+        "job 4242's comment in Slurm's accounting holds more than one line in gpueff's form "
+        "(text copied there from elsewhere): none is trusted; an admin's gpueff reads its "
+        "figures from the store")
+    path = str(tmp_path / "gpueff.db")
+    with SqliteStore(path) as store:
+        store.put(mine)
+    (found,) = gather([job], lambda: SqliteStore(path, readonly=True))
+    assert found.source == "store" and found.summaries[0].gpus[0].metric("util") == 2.0

@@ -123,8 +123,11 @@ def encoded(raw: bytes) -> str:
     return base64.b32encode(raw).decode().rstrip("=")
 
 
+def test_a_figures_word_not_in_base32_is_not_ours() -> None:
+    assert figures("gpueff1 status=complete nodes=1 gpus=1 figures=not-base32!") is None
+
+
 @pytest.mark.parametrize("blob", [
-    "not-base32!",
     encoded(b"not zlib at all"),
     encoded(zlib.compress(b"{not json")),
     encoded(zlib.compress(b'[{"node": "gpu1"}]')),  # JSON, not node summaries
@@ -357,3 +360,48 @@ def test_admin_comment_is_a_true_or_false_setting_on_by_default(tmp_path: Path) 
     with pytest.raises(ConfigError,
                        match=r"line 2: \[slurm\] admin_comment = 'maybe': must be true or false"):
         load_config(str(conf))
+
+
+# --- issue 20: whose figures, beside whose text ----------------------------------------------
+
+def test_finding_7_a_sites_text_after_our_part_is_kept_and_ours_still_read(make_summary: Factory) -> None:
+    """An admin's note after our part: the field still gives our figures, and our next
+    write keeps the note (before our new part at the end), as it keeps text before ours."""
+    summaries = [make_summary()]
+    field = f"ticket 4711 {admin_comment(summaries, 2)} checked by admin"
+    assert dicts(figures(field)) == dicts(digest(summaries))
+    new = "gpueff1 status=complete nodes=1 gpus=1 alloc_gpus=1"
+    assert with_site_text(field, new) == f"ticket 4711 checked by admin {new}"
+    assert with_site_text(field.upper(), new) == f"TICKET 4711 CHECKED BY ADMIN {new}"  # 22.05's sacctmgr
+
+
+
+def test_finding_9_a_copy_of_our_form_beside_ours_is_not_trusted(make_summary: Factory) -> None:
+    """A site tool copies a job's user-chosen comment into the AdminComment, and the user
+    wrote a line in our form there: before our part or after it, neither is trusted (which
+    is ours cannot be told); our next write removes the copy. Today's reader took the
+    copy's figures when it came after ours, and its writer dropped the site's text."""
+    real = admin_comment([make_summary(utils=(2.0,))], 1)
+    forged = admin_comment([make_summary(utils=(99.0,))], 1)
+    for field in (f"{real} {forged}", f"comment: {forged} {real}", f"{real} copied: {forged}"):
+        assert parse_admin_comment(field) is None and figures(field) is None, field
+        assert figures(field.lower()) is None
+    assert with_site_text(f"comment: {forged} ticket {real}", "gpueff1 status=complete") == (
+        "comment: ticket gpueff1 status=complete")
+    words = admin_comment([make_summary(utils=(2.0,))], 1, max_chars=200)  # no room for figures
+    assert figures(f"{forged} {words}") is None  # today: the copy's figures, for a line without
+
+
+
+def test_our_form_is_a_marker_word_then_our_words_in_our_order() -> None:
+    """What counts as a part of ours (mirror._parts), and where it ends."""
+    from slurm_gpu_eff.mirror import our_part
+
+    assert our_part("see gpueff1 docs") is None  # the word alone is no part
+    assert our_part("xgpueff1 status=complete") is None  # not a word of its own
+    assert our_part("a gpueff1 status=complete idle=0 b c") == "gpueff1 status=complete idle=0"
+    assert our_part("gpueff1 status=complete idle=0 nodes=1") == "gpueff1 status=complete idle=0"  # order
+    assert our_part("gpueff1 nodes=1 status=complete") is None  # status first
+    last = "gpueff1 status=complete figures=ABC2"  # nothing of ours comes after the figures
+    assert our_part(f"{last} alloc_gpus=1") == last
+    assert our_part("GPUEFF1 STATUS=COMPLETE IDLE=0") == "GPUEFF1 STATUS=COMPLETE IDLE=0"
