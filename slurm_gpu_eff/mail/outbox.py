@@ -218,13 +218,14 @@ class Outbox:
                 clock: Callable[[], float] | None = None) -> Delivered:
         """Send what is due; what the server would not take waits, doubling, for retry_for_s.
         A pass ends at a server that cannot be reached (each other message would wait out
-        the same timeout) and starts no send after `until` (time.monotonic()): the rest
-        are `left` for the next. `clock`: when a receipt says the server took a message
-        (else `now`)."""
+        the same timeout) and, once it tried one, starts no send after `until`
+        (time.monotonic()): the rest are `left` for the next. `clock`: when a receipt
+        says the server took a message (else `now`)."""
         done, retry = Delivered(), Retry(retry_s, retry_max_s, retry_for_s)
         names = [name for name in self.names() if only is None or name in only]
         for at, name in enumerate(names):
-            if until is not None and time.monotonic() >= until:
+            tried = done.sent or done.errors
+            if until is not None and tried and time.monotonic() >= until:
                 done.left.extend(names[at:])
                 break
             with self._locked(name) as held:  # not held: another worker is sending it

@@ -110,3 +110,13 @@ def test_a_failed_idle_check_still_lets_the_mail_out(tmp_path: Path,
     server = Server()
     assert prog.idle_pass(config, clock=lambda: 2000.0, transport=server) == 1  # type: ignore[arg-type]
     assert "idle check failed" in caplog.text and len(server.took) == 1
+
+
+def test_a_pass_past_its_deadline_still_tries_one_message(tmp_path: Path) -> None:
+    """However short the budget (a tiny idle_check_s), each pass moves the spool on."""
+    box = Outbox(str(tmp_path / "mail")).make()
+    for at in (1000.0, 1001.0):
+        box.post(plain_message(), ["alice@cluster.example"], at)
+    server = Server()
+    done = box.deliver(server, 2000.0, 60, 1800, 86400, until=time.monotonic() - 1)  # type: ignore[arg-type]
+    assert len(server.took) == 1 and len(done.left) == 1
