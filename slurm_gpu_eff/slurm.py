@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import JobNotFound, NotPermitted, SlurmError
 from .mirror import parse_admin_comment
@@ -169,7 +170,7 @@ def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
     job_id = check_job_id(job_id)
 
     def note() -> None:
-        current, _, task = get_admin_comment(job_id, commands["sacct"])
+        current, _, task, *_ = get_admin_comment(job_id, commands["sacct"])
         if reason.lower() not in current.lower():
             set_admin_comment(task, cluster, with_note(current, reason), commands["scontrol"],
                               commands["sacctmgr"], running=True)
@@ -254,13 +255,26 @@ def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "sco
     return "slurmdbd"
 
 
-def get_admin_comment(job_id: str, sacct: str = "sacct") -> tuple[str, str, str]:
-    """The job's AdminComment and AllocTRES as the database holds them, and the id to write
-    it with: an array task's or a heterogeneous component's own (1234_7, 1234+0). Its raw
-    id alone names the whole array, or every component, when it is the array's or the
-    heterogeneous job's id (checked on 22.05: sacctmgr then writes them all)."""
+class Comment(NamedTuple):
+    """A job's comment field as the database holds it, with what writing it needs."""
+
+    text: str
+    tres: str  # AllocTRES: the GPUs Slurm allocated
+    task: str  # the id to write it with (an array task's or heterogeneous component's own)
+    user: str = ""  # whose job has this id now, and under which account: a figure of
+    account: str = ""  # another job that had the id before must not go into it
+
+
+def get_admin_comment(job_id: str, sacct: str = "sacct", owner: bool = False) -> Comment:
+    """The job's AdminComment and AllocTRES as the database holds them, and the
+    id to write it with: an array task's or a heterogeneous component's own (1234_7,
+    1234+0). Its raw id alone names the whole array, or every component, when it is the
+    array's or the heterogeneous job's id (checked on 22.05: sacctmgr then writes them all).
+    `owner`: its user and account too. sacct gives the latest job with the id (without
+    -D): the one a write reaches."""
     delimiter = fresh_delimiter()
-    fields = ("AdminComment", "AllocTRES", "JobIDRaw", "JobID")
+    fields: tuple[str, ...] = ("AdminComment", "AllocTRES", "JobIDRaw", "JobID")
+    fields += ("User", "Account") if owner else ()
     done = _run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-n", "-P", f"--delimiter={delimiter}",
                        "--format=" + ",".join(fields)], 30)
     if done.returncode != 0:
@@ -268,10 +282,10 @@ def get_admin_comment(job_id: str, sacct: str = "sacct") -> tuple[str, str, str]
     rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
     row = next((r for r in rows if r["JobIDRaw"] == job_id), rows[0] if rows else None)
     if row is None:
-        return "", "", job_id
+        return Comment("", "", job_id)
     shown = row["JobID"]
     task = shown if ("_" in shown or "+" in shown) and JOB_ID.match(shown) else job_id
-    return row["AdminComment"], row["AllocTRES"], task
+    return Comment(row["AdminComment"], row["AllocTRES"], task, row.get("User", ""), row.get("Account", ""))
 
 
 def _run_slurm(command: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:

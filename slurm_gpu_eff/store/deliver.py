@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config, find_command, load_config
 from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
@@ -50,6 +50,9 @@ from ..node.spool import (
 )
 from . import Store, open_store
 from .base import run_of
+
+if TYPE_CHECKING:
+    from ..slurm import Comment
 
 
 @dataclass
@@ -271,7 +274,7 @@ def deliver_until_done(
         return None  # a retrier is at work on this spool already
 
 
-Written = tuple[str, str, str]  # an AdminComment written into the database: job id, cluster, text
+Written = tuple[str, str, str]  # our part written into the database: job id, cluster, the part
 
 
 @dataclass(frozen=True)
@@ -356,12 +359,14 @@ def _add(total: Delivery, one: Delivery) -> None:
 
 def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
                    clock: Callable[[], float] = time.time) -> Mirror:
-    """Mirror each run whose final summary was just stored into the job's AdminComment,
-    from all its node summaries the store has (the last node to deliver writes them all),
-    and a running job's live figures every live_mirror_s (from its first node only).
+    """Mirror each run whose final summary was just stored into the job's AdminComment, from
+    all its node summaries the store has (the last node to deliver writes them all), and a
+    running job's live figures every live_mirror_s (from its first node only). Each write
+    reads the field as it stands and puts our part into it (mirror.with_site_text): a
+    site's own text there is kept as it is now.
     Runs in the detached deliverer: a slow slurmctld or slurmdbd costs no job anything; a
     failure is logged, and the store keeps the figures."""
-    from ..mirror import MAX_CHARS, admin_comment, with_site_text
+    from ..mirror import MAX_CHARS, admin_comment, our_part, site_text, with_site_text
     from ..slurm import allocated_gpus, get_admin_comment, set_admin_comment
 
     commands = {name: find_command(getattr(config, name)) for name in ("scontrol", "sacctmgr", "sacct")}
@@ -370,31 +375,36 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"],
                                  running=running)
 
-    def line(job_id: str, run: float, every: list[NodeSummary]) -> tuple[str, str]:
-        """The text to write, and the id to write it with (an array task's own)."""
-        current, tres, task = get_admin_comment(job_id, commands["sacct"])
-        room = MAX_CHARS - len(with_site_text(current, ""))  # a site's own text counts too
-        summaries = [s for s in every if run_of(s) == run]
-        ours = admin_comment(summaries, allocated_gpus(tres) if tres else None, room,
-                             earlier=[s for s in every if run_of(s) != run])
-        return with_site_text(current, ours), task
+    def line(job_id: str, run: float, every: list[NodeSummary]) -> tuple[str, str, str]:
+        """Our part, the field to write (as it stands, with our part in it), and the id to
+        write it with (an array task's own)."""
+        now = get_admin_comment(job_id, commands["sacct"], owner=True)
+        summaries, others = same_job(every, run)
+        check_owner(job_id, now, summaries)
+        room = MAX_CHARS - len(site_text(now.text)) - 1  # a site's own text counts too
+        ours = admin_comment(summaries, allocated_gpus(now.tres) if now.tres else None, room,
+                             earlier=others)
+        return ours, with_site_text(now.text, ours), now.task
 
     def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> Written | None:
-        text, task = line(job_id, run, store.node_summaries(job_id, cluster))
+        ours, text, task = line(job_id, run, store.node_summaries(job_id, cluster))
         where = write(task, cluster, text)
         _forget(spool, cluster, job_id)
-        return (task, cluster, text) if where == "slurmdbd" else None
+        return (task, cluster, ours) if where == "slurmdbd" else None
 
     def recheck(written: list[Written], log: HookLog) -> None:
         """A job's end record may still be on its way to slurmdbd, carrying slurmctld's
         older copy over what was written into the database: look again, once for all the
         jobs of a delivery (a wait per job, under the spool's lock, made a node where a
-        dozen jobs ended together mirror the last one a minute late), and write once more."""
+        dozen jobs ended together mirror the last one a minute late), and put our part back
+        into the field as it stands then: never the text written 5 s ago, over what a
+        site's tool or an admin wrote since."""
         sleep(MIRROR_RECHECK_S)
-        for task, cluster, text in written:
+        for task, cluster, ours in written:
             try:
-                if get_admin_comment(task, commands["sacct"])[0].lower() != text.lower():
-                    write(task, cluster, text)
+                now = get_admin_comment(task, commands["sacct"]).text
+                if (our_part(now) or "").lower() != ours.lower():
+                    write(task, cluster, with_site_text(now, ours))
             except GpuEffError as exc:
                 log.write(f"job {task}: its AdminComment was not written: {exc}")
 
@@ -405,7 +415,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
             return  # the job is ending, or another of its nodes mirrors it
         if not _due(spool, cluster, job_id, config.live_mirror_s, clock()):
             return
-        text, task = line(job_id, run, every)
+        _, text, task = line(job_id, run, every)
         write(task, cluster, text, running=True)
 
     def after_pass(store: Store, now: Delivery, spool: Spool, log: HookLog) -> list[Written]:
@@ -427,6 +437,30 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         return written
 
     return Mirror(after_pass, recheck)
+
+
+def same_job(every: list[NodeSummary], run: float) -> tuple[list[NodeSummary], list[NodeSummary]]:
+    """This run's node summaries, and those of the same job's other runs (a requeue). The
+    store keeps each run of a job id apart (cluster, job id, node, run start), and Slurm
+    gives an id out again (MaxJobId wraps, a new database): a run of another user or account
+    is another job, whose figures its readers must not get. Same user and account: whoever
+    Slurm lets see this job (its owner, the account's coordinators, operators) may see
+    that one too."""
+    this = [s for s in every if run_of(s) == run]
+    owners = {(s.user, s.account) for s in this}
+    return this, [s for s in every if run_of(s) != run and (s.user, s.account) in owners]
+
+
+def check_owner(job_id: str, now: Comment, summaries: list[NodeSummary]) -> None:
+    """The job that has the id in Slurm's accounting now (the one a write reaches) must be
+    this run's user's and account's: a summary delivered late (the store away for days)
+    must not go into the next job that got the id. A job not (yet) there has no reader."""
+    from ..mirror import MirrorError
+
+    owners = {(s.user, s.account) for s in summaries if s.user}
+    if now.user and owners and (now.user, now.account) not in owners:
+        raise MirrorError(f"job {job_id} in Slurm's accounting is another user's or account's "
+                          f"({now.user}/{now.account}) now: this run's figures stay in the store")
 
 
 def _due(spool: Spool, cluster: str, job_id: str, every_s: float, now: float) -> bool:

@@ -169,12 +169,13 @@ TRES = "billing=2,cpu=2,gres/gpu=2,mem=4000M,node=1"
 
 
 def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", database: str = "",
-               kept: bool = True, live_mirror_s: float = 0.0) -> Config:
+               kept: bool = True, live_mirror_s: float = 0.0, owner: str = "alice/physics") -> Config:
     """scontrol, sacctmgr and sacct that record their arguments (one call a line, in
     calls.log); scontrol and sacctmgr fail with `error:...`. The database (a file) holds
     the AdminComment: sacctmgr writes it lowercased, as Slurm 22.05's does (not when
-    `kept` is false: the job's end record came after it), and sacct reads it, with TRES.
-    Live copies are not mirrored unless live_mirror_s is given."""
+    `kept` is false: the job's end record came after it), and sacct reads it, with TRES
+    (and the job's user/account, `owner`, when asked). Live copies are not mirrored
+    unless live_mirror_s is given."""
     (tmp_path / "database").write_text(database)
 
     def command(name: str, body: str) -> str:
@@ -188,8 +189,11 @@ def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", database:
 
     store = (f'for a; do case $a in AdminComment=*) printf %s "${{a#AdminComment=}}" '
              f"| tr A-Z a-z > {tmp_path}/database;; esac; done\n") if kept else ""
-    read = ('for a; do case $a in --delimiter=*) d=${a#--delimiter=};; esac; done\n'
-            f'printf "%s%s%s%s4242%s4242\\n" "$(cat {tmp_path}/database)" "$d" "{TRES}" "$d" "$d"\n')
+    user, account = owner.split("/")
+    read = ('for a; do case $a in --delimiter=*) d=${a#--delimiter=};; --format=*) f=${a#--format=};; '
+            'esac; done\n'
+            f'o=""; case $f in *,User,Account) o="${{d}}{user}${{d}}{account}";; esac\n'
+            f'printf "%s%s%s%s4242%s4242%s\\n" "$(cat {tmp_path}/database)" "$d" "{TRES}" "$d" "$d" "$o"\n')
     return Config(admin_comment=True, live_mirror_s=live_mirror_s,
                   scontrol=command("scontrol", answer(scontrol)),
                   sacctmgr=command("sacctmgr", answer(sacctmgr, store)), sacct=command("sacct", read))
@@ -212,6 +216,7 @@ def written(tmp_path: Path) -> str:
 LINE = ("gpueff1 status=complete nodes=2 gpus=2 util=50.0 gpu_util=90.0,10.0 idle=0 "
         "mem_peak=25.0 energy_kwh=0.500 alloc_gpus=2 figures=F")
 READ = "sacct -j 4242 -X -n -P --delimiter=D --format=AdminComment,AllocTRES,JobIDRaw,JobID"
+OWNED = f"{READ},User,Account"  # whose job has the id now: the mirror's read before it writes
 DATABASE = f"sacctmgr -i modify job where jobid=4242 cluster=gpueffdev set AdminComment={LINE}"
 
 
@@ -238,7 +243,7 @@ def test_while_slurmctld_holds_the_job_the_line_goes_through_it_after_the_sites_
     config = fake_slurm(tmp_path, database="ticket 4711: node rebooted")
     stored = deliver_two_nodes(tmp_path, config, make_summary)
     assert calls(tmp_path) == [
-        READ, f"scontrol update jobid=4242 AdminComment=ticket 4711: node rebooted {LINE}"]
+        OWNED, f"scontrol update jobid=4242 AdminComment=ticket 4711: node rebooted {LINE}"]
     assert dicts(figures(written(tmp_path))) == dicts(digest(stored))
 
 
@@ -252,7 +257,7 @@ def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_o
                         kept=False)  # the end record overtook our write: nothing there
     deliver_two_nodes(tmp_path, config, make_summary)
     assert calls(tmp_path) == [
-        READ, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE,
+        OWNED, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE,
         READ, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE]
 
 
@@ -297,7 +302,7 @@ def test_a_line_read_back_lowercased_is_not_written_twice(
     monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
     config = fake_slurm(tmp_path, scontrol="error:Invalid job id specified")
     stored = deliver_two_nodes(tmp_path, config, make_summary)
-    assert calls(tmp_path) == [READ, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE, READ]
+    assert calls(tmp_path) == [OWNED, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE, READ]
     database = (tmp_path / "database").read_text()
     assert database == written(tmp_path).lower()  # as sacctmgr keeps it: still readable
     assert dicts(figures(database)) == dicts(digest(stored))
@@ -323,7 +328,7 @@ def test_a_running_jobs_live_figures_go_into_the_database_every_live_mirror_s(
 
     deliver_live(BOOT + 1000)
     live = LINE.replace("status=complete", "status=running").replace("90.0,10.0", "50.0,50.0")
-    once = [READ.replace("4242", "77"),
+    once = [OWNED.replace("4242", "77"),
             f"sacctmgr -i modify job where jobid=77 cluster=gpueffdev set AdminComment={live}"]
     assert calls(tmp_path) == once
     now[0] += 299
@@ -364,6 +369,83 @@ def test_admin_comment_is_a_true_or_false_setting_on_by_default(tmp_path: Path) 
 
 # --- issue 20: whose figures, beside whose text ----------------------------------------------
 
+def deliver_one(tmp_path: Path, config: Config, summary: NodeSummary,
+                stored: tuple[NodeSummary, ...] = ()) -> str:
+    """`summary` delivered to a store already holding `stored`; returns the hook log."""
+    spool = Spool(str(tmp_path / "spool"))
+    store_path = str(tmp_path / "gpueff.db")
+    with SqliteStore(store_path) as store:
+        for s in stored:
+            store.put(s)
+    spool.post(summary)
+    log = HookLog(str(tmp_path / "log"), "-", "deliver")
+    deliver_until_done(spool, lambda: SqliteStore(store_path), config, log)
+    return (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
+
+
+def test_finding_3_a_job_id_given_out_again_carries_no_other_jobs_figures(
+    tmp_path: Path, make_summary: Factory,
+) -> None:
+    """Bob's job 4242 ends while the store still holds alice's job 4242 of last month (Slurm
+    gave the id out again): bob's AdminComment, which bob reads under PrivateData=jobs,
+    carries bob's run alone, not alice's user, account, node and per-GPU figures."""
+    alices = make_summary(node="gpu3", run_started_at=BOOT - 30 * 86400, user="alice",
+                          account="physics", started_at=BOOT - 30 * 86400)
+    bobs = make_summary(node="gpu1", run_started_at=BOOT, user="bob", account="chem")
+    deliver_one(tmp_path, fake_slurm(tmp_path, owner="bob/chem"), bobs, stored=(alices,))
+    carried = figures(written(tmp_path))
+    assert carried is not None and [(s.user, s.node) for s in carried] == [("bob", "gpu1")]
+
+
+def test_a_requeued_job_still_carries_its_own_earlier_run(
+    tmp_path: Path, make_summary: Factory,
+) -> None:
+    """A requeue is the same job (its user and account): its earlier run goes with it, for
+    the report to name (report/job.py this_run)."""
+    earlier = make_summary(node="gpu3", run_started_at=BOOT - 3600, status="partial", reason="requeued")
+    deliver_one(tmp_path, fake_slurm(tmp_path), make_summary(node="gpu1", run_started_at=BOOT),
+                stored=(earlier,))
+    carried = figures(written(tmp_path))
+    assert carried is not None and sorted(s.node for s in carried) == ["gpu1", "gpu3"]
+    assert written(tmp_path).split(" figures=")[0].startswith("gpueff1 status=complete nodes=1 gpus=1 ")
+
+
+def test_finding_3_a_late_summary_does_not_go_into_the_next_job_that_got_its_id(
+    tmp_path: Path, make_summary: Factory,
+) -> None:
+    """Alice's summary reaches the store days late (the store was away): job 4242 in Slurm's
+    accounting, the one a write would reach, is bob's by now. Nothing is written; the
+    store keeps alice's figures."""
+    log = deliver_one(tmp_path, fake_slurm(tmp_path, owner="bob/chem"), make_summary())
+    assert [c for c in calls(tmp_path) if "AdminComment=" in c] == []
+    assert ("job 4242: its AdminComment was not written: job 4242 in Slurm's accounting is another "
+            "user's or account's (bob/chem) now: this run's figures stay in the store") in log
+
+
+def test_finding_7_the_recheck_puts_our_part_into_the_field_as_it_stands_then(
+    tmp_path: Path, make_summary: Factory,
+) -> None:
+    """Princeton's jobstats writes its summary over the whole AdminComment (sacctmgr, from
+    slurmctld's epilog, 5 s after the job ends) while our re-check waits. The re-check puts
+    our part in beside it: it never writes back the text it wrote 5 s before (the site's
+    old note, no jobstats)."""
+    from slurm_gpu_eff.store import deliver as module
+
+    config = fake_slurm(tmp_path, scontrol="error:Job has already finished", database="ticket 4711")
+
+    def sleep(seconds: float) -> None:
+        (tmp_path / "database").write_text("JS1:H4sIAAAA")  # another tool's newer write
+
+    spool = Spool(str(tmp_path / "spool"))
+    spool.post(make_summary(node="gpu1", utils=(90.0, 10.0)))
+    store = str(tmp_path / "gpueff.db")
+    log = HookLog(str(tmp_path / "log"), "-", "deliver")
+    module._attempt(spool, lambda: SqliteStore(store), log, mirror=admin_comments(config, sleep=sleep))
+    writes = [c.split("AdminComment=", 1)[1] for c in calls(tmp_path) if c.startswith("sacctmgr")]
+    ours = writes[0].removeprefix("ticket 4711 ")
+    assert writes == [f"ticket 4711 {ours}", f"JS1:H4sIAAAA {ours}"]
+
+
 def test_finding_7_a_sites_text_after_our_part_is_kept_and_ours_still_read(make_summary: Factory) -> None:
     """An admin's note after our part: the field still gives our figures, and our next
     write keeps the note (before our new part at the end), as it keeps text before ours."""
@@ -373,7 +455,6 @@ def test_finding_7_a_sites_text_after_our_part_is_kept_and_ours_still_read(make_
     new = "gpueff1 status=complete nodes=1 gpus=1 alloc_gpus=1"
     assert with_site_text(field, new) == f"ticket 4711 checked by admin {new}"
     assert with_site_text(field.upper(), new) == f"TICKET 4711 CHECKED BY ADMIN {new}"  # 22.05's sacctmgr
-
 
 
 def test_finding_9_a_copy_of_our_form_beside_ours_is_not_trusted(make_summary: Factory) -> None:
@@ -390,7 +471,6 @@ def test_finding_9_a_copy_of_our_form_beside_ours_is_not_trusted(make_summary: F
         "comment: ticket gpueff1 status=complete")
     words = admin_comment([make_summary(utils=(2.0,))], 1, max_chars=200)  # no room for figures
     assert figures(f"{forged} {words}") is None  # today: the copy's figures, for a line without
-
 
 
 def test_our_form_is_a_marker_word_then_our_words_in_our_order() -> None:

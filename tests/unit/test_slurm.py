@@ -529,9 +529,9 @@ def test_an_array_task_s_admin_comment_is_written_with_its_own_id(tmp_path: Path
     rows = "".join(f"gpueff1 status=complete{{d}}gres/gpu=1{{d}}{raw}{{d}}{shown}\\n"
                    for raw, shown in (("60", "59_1"), ("59", "59_2")))
     script = fake_sacct(tmp_path, f'printf "{rows.format(d="${d}")}"\n')
-    assert get_admin_comment("59", str(script)) == ("gpueff1 status=complete", "gres/gpu=1", "59_2")
+    assert get_admin_comment("59", str(script))[:3] == ("gpueff1 status=complete", "gres/gpu=1", "59_2")
     assert get_admin_comment("60", str(script))[2] == "59_1"
     het = fake_sacct(tmp_path, 'printf "${d}${d}20${d}20+0\\n${d}${d}21${d}20+1\\n"\n')
     assert get_admin_comment("20", str(het))[2] == "20+0"  # 20 alone: both components
     plain = fake_sacct(tmp_path, 'printf "%s${d}%s${d}4242${d}4242\\n" "" "gres/gpu=2"\n')
-    assert get_admin_comment("4242", str(plain)) == ("", "gres/gpu=2", "4242")
+    assert get_admin_comment("4242", str(plain))[:3] == ("", "gres/gpu=2", "4242")
