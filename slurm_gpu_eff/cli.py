@@ -155,8 +155,10 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None) -> str:
     from .slurm import SacctQuery
 
     config = load_config(args.config)
-    same = early is not None and (early.job_id, early.sacct) == (args.job_id.strip(), config.sacct)
-    query = SacctQuery(args.job_id, config.sacct, config.scontrol, run=early if same else None)
+    same = early is not None and ((early.job_id, early.sacct, early.comment_field)
+                                  == (args.job_id.strip(), config.sacct, config.comment_field))
+    query = SacctQuery(args.job_id, config.sacct, config.scontrol, run=early if same else None,
+                       comment_field=config.comment_field)
     from .report.hints import HintSettings
     from .report.lookup import job_report
     from .report.render import render_json, render_text
@@ -350,7 +352,8 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
     try:
         from .sacct import SacctRun
 
-        return SacctRun(argv[0], load_config(config).sacct)
+        loaded = load_config(config)
+        return SacctRun(argv[0], loaded.sacct, loaded.comment_field)
     except GpuEffError:
         return None
 

@@ -72,6 +72,9 @@ class Config:
         # Each job's GPU figures in its AdminComment in Slurm's accounting (mirror.py):
         # how users read them, under Slurm's own rules (docs/security.md).
         admin_comment: bool = True,
+        # Which field holds them: "AdminComment", or "SystemComment" where a site's own tool
+        # needs the AdminComment to itself (jobstats: docs/install.md).
+        comment_field: str = "AdminComment",
         # How often a running job's figures are mirrored there (0: only at its end).
         live_mirror_s: float = 300.0,
         scontrol: str = "scontrol",
@@ -160,6 +163,7 @@ class Config:
         self.slurmd = slurmd
         self.squeue = squeue
         self.admin_comment = admin_comment
+        self.comment_field = comment_field
         self.live_mirror_s = live_mirror_s
         self.scontrol = scontrol
         self.scancel = scancel
@@ -245,6 +249,7 @@ _KEYS = [
     ("slurm", "slurmd", "slurmd", str),
     ("slurm", "squeue", "squeue", str),
     ("slurm", "admin_comment", "admin_comment", bool),
+    ("slurm", "comment_field", "comment_field", str),
     ("slurm", "live_mirror_s", "live_mirror_s", float),
     ("slurm", "scontrol", "scontrol", str),
     ("slurm", "sacctmgr", "sacctmgr", str),
@@ -285,7 +290,8 @@ _KEYS = [
 ]
 # Settings where 0 says something (no live mirror but the end's; no minimum length).
 _ZERO_MEANS = {"live_mirror_s", "mail_min_minutes", "idle_alert_min", "idle_cancel_min"}
-_CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none", "starttls", "tls")}
+_CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none", "starttls", "tls"),
+            "comment_field": ("AdminComment", "SystemComment")}
 
 # Settings where "" says something (no opt-out word); elsewhere "" is the default.
 _EMPTY_MEANS = {"idle_opt_out_word"}

@@ -18,7 +18,9 @@ from .errors import SlurmError, UsageError
 DELIMITER = "\x1f"  # ASCII unit separator: the captured fixtures' delimiter
 # No TRES field: any of them costs a second round trip to slurmdbd (0.17 s, not 0.09 s,
 # measured on Slurm 22.05). Memory comes from ReqMem, the GPU count from our line in the
-# AdminComment (mirror.py); only a job without that line is asked for AllocTRES.
+# AdminComment (mirror.py); only a job without that line is asked for AllocTRES. Where a
+# site keeps our line in the SystemComment ([slurm] comment_field), that is asked for in
+# the AdminComment's place (and read under its name: the last column is our line's field).
 FIELDS = (
     "JobID", "JobName", "JobIDRaw", "Cluster", "User", "Account", "Partition", "State",
     "ExitCode", "ElapsedRaw", "TimelimitRaw", "Start", "End", "NCPUS", "NNodes", "NodeList",
@@ -44,14 +46,15 @@ class SacctRun:
 
     TIMEOUT_S = 60
 
-    def __init__(self, job_id: str, sacct: str = "sacct") -> None:
+    def __init__(self, job_id: str, sacct: str = "sacct", comment_field: str = "AdminComment") -> None:
         self.job_id = check_job_id(job_id)
-        self.sacct = sacct
+        self.sacct, self.comment_field = sacct, comment_field
         self.delimiter = fresh_delimiter()
         self.started = time.monotonic()
+        fields = [comment_field if f == "AdminComment" else f for f in FIELDS]
         command = [
             sacct, "-j", self.job_id, "-P", "-n", f"--delimiter={self.delimiter}",
-            "--format=" + ",".join(FIELDS),
+            "--format=" + ",".join(fields),
         ]
         try:
             # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.

@@ -78,8 +78,8 @@ class SacctQuery:
     (sacct.SacctRun) before it loads the rest of itself, while slurmdbd answers."""
 
     def __init__(self, job_id: str, sacct: str = "sacct", scontrol: str = "scontrol",
-                 run: SacctRun | None = None) -> None:
-        self.run = run if run is not None else SacctRun(job_id, sacct)
+                 run: SacctRun | None = None, comment_field: str = "AdminComment") -> None:
+        self.run = run if run is not None else SacctRun(job_id, sacct, comment_field)
         self.job_id, self.delimiter = self.run.job_id, self.run.delimiter
         self.sacct, self.scontrol = sacct, scontrol
 
@@ -158,9 +158,9 @@ def running_job(job_id: str, squeue: str = "squeue") -> RunningJob | None:
 
 
 def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
-               sleep: Callable[[float], None] = time.sleep) -> None:
-    """Cancel the job with `reason` in its AdminComment, which sacct shows (root or
-    SlurmUser only; Slurm 22.05's scontrol cannot set a running job's SystemComment).
+               sleep: Callable[[float], None] = time.sleep, field: str = "AdminComment") -> None:
+    """Cancel the job with `reason` in its AdminComment (or the `field` that holds our
+    figures: [slurm] comment_field), which sacct shows (root or SlurmUser only).
     Written into the database, as a site's own text before our figures' line: the
     mirror keeps it there, and slurmctld, holding no copy, carries none over it at the
     job's end (mirror.py). Looked at again after the cancel: a live mirror that read the
@@ -170,10 +170,10 @@ def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
     job_id = check_job_id(job_id)
 
     def note() -> None:
-        current, _, task, *_ = get_admin_comment(job_id, commands["sacct"])
+        current, _, task, *_ = get_admin_comment(job_id, commands["sacct"], field)
         if reason.lower() not in current.lower():
             set_admin_comment(task, cluster, with_note(current, reason), commands["scontrol"],
-                              commands["sacctmgr"], running=True)
+                              commands["sacctmgr"], running=True, field=field)
 
     note()
     done = _run_slurm([commands["scancel"], job_id], 30)
@@ -226,9 +226,14 @@ def mirrored_gpus(admin_comment: str) -> int | None:
     return None
 
 
+COMMENT_FIELDS = ("AdminComment", "SystemComment")  # where a site may have us keep our part
+
+
 def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "scontrol",
-                      sacctmgr: str = "sacctmgr", running: bool = False) -> str:
-    """Write `text` into the job's AdminComment (root or SlurmUser only); returns where.
+                      sacctmgr: str = "sacctmgr", running: bool = False,
+                      field: str = "AdminComment") -> str:
+    """Write `text` into the job's AdminComment, or the `field` named (root or SlurmUser
+    only); returns where.
 
     Checked on Slurm 22.05: while slurmctld still holds the job (running, or completing on
     other nodes) its copy is what the job's end record carries into the database, over
@@ -238,9 +243,12 @@ def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "sco
 
     A running job's live figures go into the database directly (`running`): slurmctld's
     copy reaches sacct only at the job's end, and a database value survives the end
-    record when slurmctld holds none (checked on 22.05)."""
+    record when slurmctld holds none (checked on 22.05). So does a SystemComment always:
+    `scontrol update` cannot set one (22.05), `sacctmgr` can (admins, from 22.05)."""
     job_id = check_job_id(job_id)
-    if not running:
+    if field not in COMMENT_FIELDS:
+        raise SlurmError(f"{field!r} is not a job comment field we write ({' or '.join(COMMENT_FIELDS)})")
+    if not running and field == "AdminComment":
         held = _run_slurm([scontrol, "update", f"jobid={job_id}", f"AdminComment={text}"], 30)
         if held.returncode == 0:
             return "slurmctld"
@@ -249,9 +257,9 @@ def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "sco
             raise SlurmError(f"scontrol could not set job {job_id}'s AdminComment: {said}")
     command = [sacctmgr, "-i", "modify", "job", "where", f"jobid={job_id}"]
     command += [f"cluster={cluster}"] if cluster else []
-    stored = _run_slurm([*command, "set", f"AdminComment={text}"], 30)
+    stored = _run_slurm([*command, "set", f"{field}={text}"], 30)
     if stored.returncode != 0:
-        raise SlurmError(f"sacctmgr could not set job {job_id}'s AdminComment: {_said(stored)}")
+        raise SlurmError(f"sacctmgr could not set job {job_id}'s {field}: {_said(stored)}")
     return "slurmdbd"
 
 
@@ -265,15 +273,16 @@ class Comment(NamedTuple):
     account: str = ""  # another job that had the id before must not go into it
 
 
-def get_admin_comment(job_id: str, sacct: str = "sacct", owner: bool = False) -> Comment:
-    """The job's AdminComment and AllocTRES as the database holds them, and the
+def get_admin_comment(job_id: str, sacct: str = "sacct", field: str = "AdminComment",
+                      owner: bool = False) -> Comment:
+    """The job's AdminComment (or `field`) and AllocTRES as the database holds them, and the
     id to write it with: an array task's or a heterogeneous component's own (1234_7,
     1234+0). Its raw id alone names the whole array, or every component, when it is the
     array's or the heterogeneous job's id (checked on 22.05: sacctmgr then writes them all).
     `owner`: its user and account too. sacct gives the latest job with the id (without
     -D): the one a write reaches."""
     delimiter = fresh_delimiter()
-    fields: tuple[str, ...] = ("AdminComment", "AllocTRES", "JobIDRaw", "JobID")
+    fields: tuple[str, ...] = (field, "AllocTRES", "JobIDRaw", "JobID")
     fields += ("User", "Account") if owner else ()
     done = _run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-n", "-P", f"--delimiter={delimiter}",
                        "--format=" + ",".join(fields)], 30)
@@ -285,7 +294,7 @@ def get_admin_comment(job_id: str, sacct: str = "sacct", owner: bool = False) ->
         return Comment("", "", job_id)
     shown = row["JobID"]
     task = shown if ("_" in shown or "+" in shown) and JOB_ID.match(shown) else job_id
-    return Comment(row["AdminComment"], row["AllocTRES"], task, row.get("User", ""), row.get("Account", ""))
+    return Comment(row[field], row["AllocTRES"], task, row.get("User", ""), row.get("Account", ""))
 
 
 def _run_slurm(command: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:

@@ -359,26 +359,27 @@ def _add(total: Delivery, one: Delivery) -> None:
 
 def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
                    clock: Callable[[], float] = time.time) -> Mirror:
-    """Mirror each run whose final summary was just stored into the job's AdminComment, from
-    all its node summaries the store has (the last node to deliver writes them all), and a
-    running job's live figures every live_mirror_s (from its first node only). Each write
-    reads the field as it stands and puts our part into it (mirror.with_site_text): a
-    site's own text there is kept as it is now.
+    """Mirror each run whose final summary was just stored into the job's AdminComment (or
+    the [slurm] comment_field named), from all its node summaries the store has (the last
+    node to deliver writes them all), and a running job's live figures every live_mirror_s
+    (from its first node only). Each write reads the field as it stands and puts our part
+    into it (mirror.with_site_text): a site's own text there is kept as it is now.
     Runs in the detached deliverer: a slow slurmctld or slurmdbd costs no job anything; a
     failure is logged, and the store keeps the figures."""
     from ..mirror import MAX_CHARS, admin_comment, our_part, site_text, with_site_text
     from ..slurm import allocated_gpus, get_admin_comment, set_admin_comment
 
     commands = {name: find_command(getattr(config, name)) for name in ("scontrol", "sacctmgr", "sacct")}
+    comment_field = config.comment_field
 
     def write(job_id: str, cluster: str, text: str, running: bool = False) -> str:
         return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"],
-                                 running=running)
+                                 running=running, field=comment_field)
 
     def line(job_id: str, run: float, every: list[NodeSummary]) -> tuple[str, str, str]:
         """Our part, the field to write (as it stands, with our part in it), and the id to
         write it with (an array task's own)."""
-        now = get_admin_comment(job_id, commands["sacct"], owner=True)
+        now = get_admin_comment(job_id, commands["sacct"], comment_field, owner=True)
         summaries, others = same_job(every, run)
         check_owner(job_id, now, summaries)
         room = MAX_CHARS - len(site_text(now.text)) - 1  # a site's own text counts too
@@ -402,11 +403,11 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         sleep(MIRROR_RECHECK_S)
         for task, cluster, ours in written:
             try:
-                now = get_admin_comment(task, commands["sacct"]).text
+                now = get_admin_comment(task, commands["sacct"], comment_field).text
                 if (our_part(now) or "").lower() != ours.lower():
                     write(task, cluster, with_site_text(now, ours))
             except GpuEffError as exc:
-                log.write(f"job {task}: its AdminComment was not written: {exc}")
+                log.write(f"job {task}: its {comment_field} was not written: {exc}")
 
     def live(store: Store, cluster: str, job_id: str, run: float, spool: Spool, node: str) -> None:
         every = store.node_summaries(job_id, cluster)
@@ -426,7 +427,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
                 if (done := final(store, cluster, job_id, run, spool)) is not None:
                     written.append(done)
             except GpuEffError as exc:
-                log.write(f"job {job_id}: its AdminComment was not written: {exc}")
+                log.write(f"job {job_id}: its {comment_field} was not written: {exc}")
         running = {(s.cluster, s.job_id, run_of(s), s.node) for s in now.lives}
         for cluster, job_id, run, node in sorted(running) if config.live_mirror_s > 0 else []:
             if (cluster, job_id, run) not in ended:

@@ -169,10 +169,11 @@ TRES = "billing=2,cpu=2,gres/gpu=2,mem=4000M,node=1"
 
 
 def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", database: str = "",
-               kept: bool = True, live_mirror_s: float = 0.0, owner: str = "alice/physics") -> Config:
+               kept: bool = True, live_mirror_s: float = 0.0, owner: str = "alice/physics",
+               comment_field: str = "AdminComment") -> Config:
     """scontrol, sacctmgr and sacct that record their arguments (one call a line, in
     calls.log); scontrol and sacctmgr fail with `error:...`. The database (a file) holds
-    the AdminComment: sacctmgr writes it lowercased, as Slurm 22.05's does (not when
+    the comment field: sacctmgr writes it lowercased, as Slurm 22.05's does (not when
     `kept` is false: the job's end record came after it), and sacct reads it, with TRES
     (and the job's user/account, `owner`, when asked). Live copies are not mirrored
     unless live_mirror_s is given."""
@@ -187,14 +188,14 @@ def fake_slurm(tmp_path: Path, scontrol: str = "", sacctmgr: str = "", database:
     def answer(said: str, then: str = "") -> str:
         return f"echo '{said[6:]}' >&2\nexit 1\n" if said.startswith("error:") else then
 
-    store = (f'for a; do case $a in AdminComment=*) printf %s "${{a#AdminComment=}}" '
+    store = (f'for a; do case $a in {comment_field}=*) printf %s "${{a#{comment_field}=}}" '
              f"| tr A-Z a-z > {tmp_path}/database;; esac; done\n") if kept else ""
     user, account = owner.split("/")
     read = ('for a; do case $a in --delimiter=*) d=${a#--delimiter=};; --format=*) f=${a#--format=};; '
             'esac; done\n'
             f'o=""; case $f in *,User,Account) o="${{d}}{user}${{d}}{account}";; esac\n'
             f'printf "%s%s%s%s4242%s4242%s\\n" "$(cat {tmp_path}/database)" "$d" "{TRES}" "$d" "$d" "$o"\n')
-    return Config(admin_comment=True, live_mirror_s=live_mirror_s,
+    return Config(admin_comment=True, live_mirror_s=live_mirror_s, comment_field=comment_field,
                   scontrol=command("scontrol", answer(scontrol)),
                   sacctmgr=command("sacctmgr", answer(sacctmgr, store)), sacct=command("sacct", read))
 
@@ -485,3 +486,33 @@ def test_our_form_is_a_marker_word_then_our_words_in_our_order() -> None:
     last = "gpueff1 status=complete figures=ABC2"  # nothing of ours comes after the figures
     assert our_part(f"{last} alloc_gpus=1") == last
     assert our_part("GPUEFF1 STATUS=COMPLETE IDLE=0") == "GPUEFF1 STATUS=COMPLETE IDLE=0"
+
+
+def test_comment_field_system_comment_is_written_through_sacctmgr_only(
+    tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """[slurm] comment_field = "SystemComment" (a site whose jobstats needs the AdminComment
+    to itself): read and written there, always into the database (`scontrol update` cannot
+    set it), read back once; the AdminComment is never touched."""
+    from slurm_gpu_eff.store import deliver as module
+
+    monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
+    config = fake_slurm(tmp_path, comment_field="SystemComment", database="bb: stage-in ok")
+    stored = deliver_two_nodes(tmp_path, config, make_summary)
+    read = READ.replace("AdminComment", "SystemComment")
+    assert calls(tmp_path) == [
+        f"{read},User,Account",
+        f"sacctmgr -i modify job where jobid=4242 cluster=gpueffdev set SystemComment=bb: stage-in ok {LINE}",
+        read]
+    assert dicts(figures((tmp_path / "database").read_text())) == dicts(digest(stored))
+
+
+def test_comment_field_is_admin_comment_or_system_comment(tmp_path: Path) -> None:
+    assert Config().comment_field == "AdminComment"
+    conf = tmp_path / "gpueff.toml"
+    conf.write_text('[slurm]\ncomment_field = "SystemComment"\n')
+    assert load_config(str(conf)).comment_field == "SystemComment"
+    conf.write_text('[slurm]\ncomment_field = "Comment"\n')  # the user's own: never
+    with pytest.raises(ConfigError, match=r"line 2: \[slurm\] comment_field = 'Comment': "
+                                          "say AdminComment or SystemComment"):
+        load_config(str(conf))

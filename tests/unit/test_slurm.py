@@ -535,3 +535,50 @@ def test_an_array_task_s_admin_comment_is_written_with_its_own_id(tmp_path: Path
     assert get_admin_comment("20", str(het))[2] == "20+0"  # 20 alone: both components
     plain = fake_sacct(tmp_path, 'printf "%s${d}%s${d}4242${d}4242\\n" "" "gres/gpu=2"\n')
     assert get_admin_comment("4242", str(plain))[:3] == ("", "gres/gpu=2", "4242")
+
+
+def test_gpueff_reads_our_line_from_the_system_comment_where_the_site_keeps_it_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make_summary: Callable[..., Any],
+) -> None:
+    """[slurm] comment_field = "SystemComment": sacct is asked for it in the AdminComment's
+    place (one call, as ever), and the report's figures come from it."""
+    from slurm_gpu_eff.cli import main
+    from slurm_gpu_eff.mirror import admin_comment
+
+    line = admin_comment([make_summary(node="gpu2", utils=(90.0, 10.0))], 2).lower()
+    fixture = (FIXTURES / "completed_2gpu.txt").read_text().splitlines()
+    fixture[0] += line  # the allocation's row, whose last column is empty: our line there
+    (tmp_path / "rows.txt").write_text("\n".join(fixture) + "\n")
+    args = tmp_path / "args"
+    script = fake_sacct(tmp_path, f'printf "%s\\n" "$@" > {args}\nemit {tmp_path / "rows.txt"}\n')
+    config = write_config(tmp_path / "gpueff.toml", {"store": {"path": str(tmp_path / "absent.db")},
+                                                     "slurm": {"sacct": str(script),
+                                                               "comment_field": "SystemComment"}})
+    assert main(["4242", "--json", "--config", str(config)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [g["util_mean"] for g in report["gpus"]] == [90.0, 10.0]
+    assert args.read_text().splitlines()[5] == "--format=" + ",".join(FIELDS).replace(
+        "AdminComment", "SystemComment")
+
+
+def test_a_cancel_writes_its_reason_into_the_field_that_holds_our_line(tmp_path: Path) -> None:
+    """[slurm] comment_field = "SystemComment": the reason goes there too, before our line,
+    through sacctmgr; the AdminComment (a site's jobstats summary) is left alone."""
+    from slurm_gpu_eff.slurm import cancel_job
+
+    calls = tmp_path / "calls"
+    sacct = fake_sacct(tmp_path, f'echo "sacct $*" >> {calls}\n'
+                                 'printf "%s${d}%s${d}500${d}500\\n" "gpueff1 status=running" "cpu=1"\n')
+    sacctmgr = tmp_path / "sacctmgr"
+    sacctmgr.write_text(f'#!/bin/sh\necho "sacctmgr $*" >> {calls}\n')
+    sacctmgr.chmod(0o755)
+    scancel = tmp_path / "scancel"
+    scancel.write_text("#!/bin/sh\nexit 0\n")
+    scancel.chmod(0o755)
+    commands = {"sacct": str(sacct), "sacctmgr": str(sacctmgr), "scancel": str(scancel),
+                "scontrol": "/bin/false"}
+    cancel_job("500", "c", "gpueff: cancelled", commands, sleep=lambda s: None, field="SystemComment")
+    said = calls.read_text().splitlines()
+    assert said[0].endswith("--format=SystemComment,AllocTRES,JobIDRaw,JobID")
+    assert said[1] == ("sacctmgr -i modify job where jobid=500 cluster=c set "
+                       "SystemComment=gpueff: cancelled gpueff1 status=running")
