@@ -104,6 +104,7 @@ class SlurmCommands:
     def __init__(self, config: Config) -> None:
         self.commands = {name: find_command(getattr(config, name))
                          for name in ("squeue", "scontrol", "scancel", "sacct", "sacctmgr")}
+        self.field = config.comment_field  # the reason goes where the site keeps our figures
 
     def cluster(self) -> str:
         return cluster_name(self.commands["scontrol"])
@@ -112,7 +113,7 @@ class SlurmCommands:
         return job_now(job_id, self.commands["squeue"])
 
     def cancel(self, job_id: str, cluster: str, reason: str) -> None:
-        cancel_job(job_id, cluster, reason, self.commands)
+        cancel_job(job_id, cluster, reason, self.commands, field=self.field)
 
 
 # -- what Slurm says ------------------------------------------------------------------------------

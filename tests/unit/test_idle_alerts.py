@@ -483,6 +483,15 @@ def test_squeue_with_fields_missing_is_an_error_not_a_guess(tmp_path: Path) -> N
         idle.job_now("500", squeue)
 
 
+def test_the_cancel_reason_goes_into_the_field_that_holds_our_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(idle, "cancel_job", lambda *args, **kw: asked.append((*args[:3], kw["field"])))
+    idle.SlurmCommands(Config(comment_field="SystemComment")).cancel("500_3", "gpueffdev", "gpueff: x")
+    assert asked == [("500_3", "gpueffdev", "gpueff: x", "SystemComment")]
+
+
 def test_the_cluster_is_the_one_slurmctld_names(tmp_path: Path) -> None:
     shown = "AccountingStorageType   = x\\nClusterName             = gpueffdev\\nPrivateData = jobs\\n"
     scontrol = fake_command(tmp_path, "scontrol", f'printf "{shown}"\n')
