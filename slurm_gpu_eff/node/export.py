@@ -1,8 +1,9 @@
 """A running job's live figures for Prometheus, through node_exporter's textfile
 collector (`[export] textfile_dir`, off when empty): one file a job, written whole and
-renamed every sampler interval, removed when the job ends. OpenMetrics text (its `# EOF`
-is a comment to node_exporter's Prometheus parser). Standard library only: the sampler
-runs it."""
+renamed every sampler interval, removed when the job ends. The Prometheus text format,
+which is what the collector parses (OpenMetrics' `# UNIT`, `# EOF` and counters named
+without `_total` reach Prometheus untyped, with a HELP of node_exporter's own).
+Standard library only: the sampler runs it."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ from typing import Protocol
 
 from .spool import safe_part
 
-# (metric, help, type, unit): what each GPU's line says
+# (metric, help, type): what each GPU's line says; a counter is exposed as metric_total
 METRICS = (
-    ("gpueff_gpu_utilization_ratio", "GPU utilisation at the last poll, 0 to 1", "gauge", "ratio"),
+    ("gpueff_gpu_utilization_ratio", "GPU utilisation at the last poll, 0 to 1", "gauge"),
     ("gpueff_gpu_sm_active_ratio", "SM activity at the last poll (GPM, Hopper and newer), 0 to 1",
-     "gauge", "ratio"),
-    ("gpueff_gpu_memory_used_bytes", "GPU memory used at the last poll", "gauge", "bytes"),
-    ("gpueff_gpu_power_watts", "GPU power draw at the last poll", "gauge", "watts"),
-    ("gpueff_gpu_energy_joules", "GPU energy since the job's sampler started", "counter", "joules"),
+     "gauge"),
+    ("gpueff_gpu_memory_used_bytes", "GPU memory used at the last poll", "gauge"),
+    ("gpueff_gpu_power_watts", "GPU power draw at the last poll", "gauge"),
+    ("gpueff_gpu_energy_joules", "GPU energy since the job's sampler started", "counter"),
     ("gpueff_gpu_idle_seconds", "How long the GPU has been under 5% utilisation without a break "
-     "(0: busy)", "gauge", "seconds"),
+     "(0: busy)", "gauge"),
 )
 
 
@@ -37,17 +38,22 @@ def path_for(directory: str, job_id: str) -> str:
     return os.path.join(directory, f"gpueff-job-{safe_part(job_id)}.prom")
 
 
+def exposed(name: str, kind: str) -> str:
+    """The name Prometheus stores: a counter's ends in _total."""
+    return f"{name}_total" if kind == "counter" else name
+
+
 def text(gpus: Iterable[Figures]) -> str:
     gpus = list(gpus)
     lines = []
-    for name, help_text, kind, unit in METRICS:
-        lines += [f"# TYPE {name} {kind}", f"# UNIT {name} {unit}", f"# HELP {name} {help_text}"]
-        sample = f"{name}_total" if kind == "counter" else name
+    for name, help_text, kind in METRICS:
+        sample = exposed(name, kind)
+        lines += [f"# HELP {sample} {_escape_help(help_text)}", f"# TYPE {sample} {kind}"]
         for gpu in gpus:
             value = gpu.live().get(name)
             if value is not None:
                 lines.append(f"{sample}{{{_labels(gpu.labels())}}} {float(value)!r}")
-    return "\n".join(lines) + "\n# EOF\n"
+    return "\n".join(lines) + "\n"
 
 
 def write(directory: str, job_id: str, gpus: Iterable[Figures]) -> None:
@@ -84,3 +90,7 @@ def _labels(labels: dict[str, str]) -> str:
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")

@@ -1,6 +1,7 @@
 """The Prometheus export on the development cluster (issue 12): with `[export]
 textfile_dir` set, a running simulated job's figures appear in node_exporter's textfile
-directory, parse with prometheus_client's OpenMetrics parser, and are gone after the job."""
+directory, parse with prometheus_client's parser for the Prometheus text format (what
+node_exporter reads), and are gone after the job."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import Cluster, with_settings
 

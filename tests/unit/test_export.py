@@ -1,6 +1,7 @@
 """The Prometheus export (issue 12): a running job's live figures from the real sampler
-over the stand-in NVML, written for node_exporter's textfile collector and parsed with
-prometheus_client's own OpenMetrics parser; hostile label values; the file written whole
+over the stand-in NVML, written for node_exporter's textfile collector in the Prometheus
+text format and parsed with prometheus_client's parser for it (the real node_exporter
+reads it in test_export_node_exporter.py); hostile label values; the file written whole
 and gone when the job ends."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.node import export
@@ -25,7 +26,7 @@ def families(text: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def test_a_running_job_s_figures_parse_as_openmetrics(sim_node: Any, tmp_path: Path) -> None:
+def test_a_running_job_s_figures_parse_as_prometheus_text(sim_node: Any, tmp_path: Path) -> None:
     busy = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 75, "mem_used_gib": 12, "power_w": 420}}}]}
     sim_node.write_state(0, busy, started_at=BOOT + 950.0)
     idle = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 0}}}]}
@@ -43,7 +44,7 @@ def test_a_running_job_s_figures_parse_as_openmetrics(sim_node: Any, tmp_path: P
     export_live(sampler, log)
     path = Path(export.path_for(config.export_dir, "4242"))
     text = path.read_text()
-    assert text.endswith("# EOF\n") and oct(path.stat().st_mode & 0o777) == "0o644"
+    assert "# EOF" not in text and oct(path.stat().st_mode & 0o777) == "0o644"
     found = families(text)
     util = {s.labels["minor"]: s.value for s in found["gpueff_gpu_utilization_ratio"].samples}
     assert util == {"0": 0.75, "2": 0.0}
@@ -59,10 +60,42 @@ def test_a_running_job_s_figures_parse_as_openmetrics(sim_node: Any, tmp_path: P
     assert all(s.value > 0 for s in energy.samples)
     idle = {s.labels["minor"]: s.value for s in found["gpueff_gpu_idle_seconds"].samples}
     assert idle == {"0": 0.0, "2": 3.0}  # GPU 2 idle since its binding (BOOT + 1000)
-    assert "gpueff_gpu_sm_active_ratio" in found and found["gpueff_gpu_sm_active_ratio"].unit == "ratio"
+    assert "gpueff_gpu_sm_active_ratio" in found
     unexport(config, "4242")
     assert not path.exists()
     assert [p.name for p in (tmp_path / "textfile").iterdir()] == []  # no part file left either
+
+
+class Gpu:
+    """One GPU's figures as node/live.LiveFigures gives them."""
+
+    def __init__(self, minor: int, **labels: str) -> None:
+        self.minor, self.extra = minor, labels
+
+    def live(self) -> dict[str, float | None]:
+        return {name: 1.5 for name, _, _ in export.METRICS}
+
+    def labels(self) -> dict[str, str]:
+        return {"job_id": "7", "user": "alice", "account": "phys", "node": "gpu1",
+                "minor": str(self.minor), "uuid": f"GPU-{self.minor}", **self.extra}
+
+
+def test_every_sample_is_typed_and_described_under_the_name_it_is_exposed_by() -> None:
+    """node_exporter's textfile collector parses the Prometheus text format: a sample whose
+    name has no TYPE line of its own (an OpenMetrics counter's _total) arrives untyped, and
+    with node_exporter's HELP in place of ours."""
+    text = export.text([Gpu(0), Gpu(1)])
+    typed, described, sampled = set(), set(), set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif line.startswith("# HELP "):
+            described.add(line.split()[2])
+        else:
+            assert not line.startswith("#"), line  # no # UNIT, no # EOF
+            sampled.add(line.partition("{")[0])
+    assert sampled == typed == described
+    assert "gpueff_gpu_energy_joules_total counter" in text
 
 
 def test_an_export_that_cannot_be_written_is_logged_once(tmp_path: Path) -> None:
@@ -98,7 +131,7 @@ def test_the_grafana_dashboard_asks_only_for_what_is_exported() -> None:
     dashboard = json.loads(path.read_text())
     asked = {name for panel in dashboard["panels"] for target in panel["targets"]
              for name in re.findall(r"gpueff_\w+", target["expr"])}
-    exported = {name + ("_total" if kind == "counter" else "") for name, _, kind, _ in export.METRICS}
+    exported = {export.exposed(name, kind) for name, _, kind in export.METRICS}
     assert asked and asked <= exported, asked - exported
 
 
@@ -111,4 +144,4 @@ def test_a_link_planted_where_the_file_is_written_is_not_followed(tmp_path: Path
     planted.symlink_to(victim)
     export.write(str(tmp_path / "textfile"), "1", [])
     assert victim.read_text() == "precious\n"
-    assert Path(export.path_for(str(tmp_path / "textfile"), "1")).read_text().endswith("# EOF\n")
+    assert Path(export.path_for(str(tmp_path / "textfile"), "1")).read_text().startswith("# HELP ")
