@@ -83,6 +83,9 @@ class Config:
         # node_exporter's textfile collector directory: each running job's live figures
         # there (node/export.py); "": no export.
         export_dir: str = "",
+        # Its labels: "job" (job_id, node, minor, uuid) or "user" (adds user and account,
+        # for everyone who reads the file or node_exporter's port: docs/security.md).
+        export_labels: str = "job",
         # Usage reports: the price of a kWh (in `currency`) and the grid's carbon intensity
         # (g CO2 per kWh) turn GPU energy into cost and CO2; None: those columns stay empty.
         price_per_kwh: float | None = None,
@@ -168,6 +171,7 @@ class Config:
         self.scontrol = scontrol
         self.scancel = scancel
         self.export_dir = export_dir
+        self.export_labels = export_labels
         self.sacctmgr = sacctmgr
         self.price_per_kwh = price_per_kwh
         self.currency = currency
@@ -287,11 +291,13 @@ _KEYS = [
     ("mail", "idle_check_s", "idle_check_s", float),
     ("slurm", "scancel", "scancel", str),
     ("export", "textfile_dir", "export_dir", str),
+    ("export", "labels", "export_labels", str),
 ]
 # Settings where 0 says something (no live mirror but the end's; no minimum length).
 _ZERO_MEANS = {"live_mirror_s", "mail_min_minutes", "idle_alert_min", "idle_cancel_min"}
 _CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none", "starttls", "tls"),
             "comment_field": ("AdminComment", "SystemComment")}
+_CHOICES["export_labels"] = ("job", "user")  # node/export.py's LABELS
 
 # Settings where "" says something (no opt-out word); elsewhere "" is the default.
 _EMPTY_MEANS = {"idle_opt_out_word"}

@@ -25,6 +25,13 @@ METRICS = (
      "(0: busy)", "gauge"),
 )
 
+# `[export] labels`: "job" names the job by its id alone; "user" adds its user and account,
+# which Slurm's PrivateData cannot hide here (docs/security.md).
+LABELS = {
+    "job": ("job_id", "node", "minor", "uuid"),
+    "user": ("job_id", "user", "account", "node", "minor", "uuid"),
+}
+
 
 class Figures(Protocol):
     """One GPU's live figures (node/live.LiveFigures gives them, from a GpuStats)."""
@@ -43,8 +50,8 @@ def exposed(name: str, kind: str) -> str:
     return f"{name}_total" if kind == "counter" else name
 
 
-def text(gpus: Iterable[Figures]) -> str:
-    gpus = list(gpus)
+def text(gpus: Iterable[Figures], labels: str = "job") -> str:
+    gpus, keep = list(gpus), LABELS[labels]
     lines = []
     for name, help_text, kind in METRICS:
         sample = exposed(name, kind)
@@ -52,11 +59,11 @@ def text(gpus: Iterable[Figures]) -> str:
         for gpu in gpus:
             value = gpu.live().get(name)
             if value is not None:
-                lines.append(f"{sample}{{{_labels(gpu.labels())}}} {float(value)!r}")
+                lines.append(f"{sample}{{{_labels(gpu.labels(), keep)}}} {float(value)!r}")
     return "\n".join(lines) + "\n"
 
 
-def write(directory: str, job_id: str, gpus: Iterable[Figures]) -> None:
+def write(directory: str, job_id: str, gpus: Iterable[Figures], labels: str = "job") -> None:
     """The job's file, whole: written under another name, then renamed over the last."""
     path = path_for(directory, job_id)
     part = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
@@ -67,7 +74,7 @@ def write(directory: str, job_id: str, gpus: Iterable[Figures]) -> None:
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # the collector reads it
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text(gpus))
+            handle.write(text(gpus, labels))
         os.replace(part, path)
     except BaseException:
         try:
@@ -84,8 +91,8 @@ def remove(directory: str, job_id: str) -> None:
         pass
 
 
-def _labels(labels: dict[str, str]) -> str:
-    return ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+def _labels(labels: dict[str, str], keep: tuple[str, ...]) -> str:
+    return ",".join(f'{k}="{_escape(labels[k])}"' for k in keep if k in labels)
 
 
 def _escape(value: str) -> str:

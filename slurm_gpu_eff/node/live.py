@@ -60,7 +60,8 @@ def export_live(sampler: Exporting, log: HookLog) -> None:
         return
     try:
         export.write(sampler.config.export_dir, sampler.job.job_id,
-                     [LiveFigures(s, sampler.job) for s in sampler.gpus if s.lost_at is None])
+                     [LiveFigures(s, sampler.job) for s in sampler.gpus if s.lost_at is None],
+                     sampler.config.export_labels)
     except OSError as exc:
         if not sampler.export_failed:  # said once, not every second
             log.write(f"Prometheus export to {sampler.config.export_dir} failed: {exc}")

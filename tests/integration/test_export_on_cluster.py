@@ -23,7 +23,8 @@ def textfile(cluster: Cluster) -> Iterator[Path]:
     directory = cluster.dir / "textfile"
     directory.mkdir(exist_ok=True)
     before = cluster.config_file.read_text()
-    cluster.config_file.write_text(with_settings(before, "export", {"textfile_dir": str(directory)}))
+    cluster.config_file.write_text(with_settings(before, "export", {"textfile_dir": str(directory),
+                                                                        "labels": "user"}))
     try:
         yield directory
     finally:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpu_eff.config import Config
+from slurm_gpu_eff.config import Config, parse_config
+from slurm_gpu_eff.errors import ConfigError
 from slurm_gpu_eff.node import export
 from slurm_gpu_eff.node.jobenv import JobContext
 from slurm_gpu_eff.node.log import HookLog
@@ -33,7 +34,7 @@ def test_a_running_job_s_figures_parse_as_prometheus_text(sim_node: Any, tmp_pat
     sim_node.write_state(2, idle, started_at=BOOT + 950.0)
     session = sim_node.session()
     job = JobContext(job_id="4242", node="gpu1", user='al"ice\\', account="phys\nics")
-    config = Config(export_dir=str(tmp_path / "textfile"))
+    config = Config(export_dir=str(tmp_path / "textfile"), export_labels="user")
     (tmp_path / "textfile").mkdir()
     sampler = Sampler(job, config, session.bind([0, 2]), clock=session.clock,
                       monotonic=sim_node.clock)  # the idle stretch counts on this one
@@ -98,6 +99,25 @@ def test_every_sample_is_typed_and_described_under_the_name_it_is_exposed_by() -
     assert "gpueff_gpu_energy_joules_total counter" in text
 
 
+def test_by_default_a_job_is_named_by_its_id_alone(tmp_path: Path) -> None:
+    """The file is world-readable and node_exporter's port is open to the network: who ran
+    the job, and under which account, only where the site asks (`[export] labels`)."""
+    config = parse_config(f'[export]\ntextfile_dir = "{tmp_path}"\n', "gpueff.toml")
+    assert config.export_labels == "job"
+    found = families(export.text([Gpu(0)], config.export_labels))
+    labels = found["gpueff_gpu_power_watts"].samples[0].labels
+    assert labels == {"job_id": "7", "node": "gpu1", "minor": "0", "uuid": "GPU-0"}
+    assert "alice" not in export.text([Gpu(0)]) and "phys" not in export.text([Gpu(0)])
+    owned = families(export.text([Gpu(0)], "user"))["gpueff_gpu_power_watts"].samples[0].labels
+    assert (owned["user"], owned["account"]) == ("alice", "phys")
+
+
+def test_labels_are_job_or_user() -> None:
+    assert parse_config('[export]\nlabels = "user"\n', "f").export_labels == "user"
+    with pytest.raises(ConfigError, match=r'\[export\] labels = \'everything\': say job or user'):
+        parse_config('[export]\nlabels = "everything"\n', "f")
+
+
 def test_an_export_that_cannot_be_written_is_logged_once(tmp_path: Path) -> None:
     class Fake:
         config = Config(export_dir=str(tmp_path / "absent"))
@@ -133,6 +153,16 @@ def test_the_grafana_dashboard_asks_only_for_what_is_exported() -> None:
              for name in re.findall(r"gpueff_\w+", target["expr"])}
     exported = {export.exposed(name, kind) for name, _, kind in export.METRICS}
     assert asked and asked <= exported, asked - exported
+
+
+def test_the_grafana_dashboard_shows_jobs_exported_without_a_user() -> None:
+    """Under the default labels no series has `user`: "All" must match it absent (`.*`
+    does; a list of the users found, none, would not)."""
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "etc" / "grafana-dashboard.json"
+    variables = {v["name"]: v for v in json.loads(path.read_text())["templating"]["list"]}
+    assert variables["user"]["allValue"] == ".*"
 
 
 def test_a_link_planted_where_the_file_is_written_is_not_followed(tmp_path: Path) -> None:

@@ -94,7 +94,9 @@ def samples_of(families: dict[str, Any], name: str, kind: str) -> dict[tuple[str
 def test_node_exporter_reads_every_metric_with_its_type_help_labels_and_values(tmp_path: Path) -> None:
     directory = tmp_path / "textfile"
     directory.mkdir()
-    export.write(str(directory), "7", [Gpu("7", 0, user='al"i\\ce'), Gpu("7", 1)])
+    # one job as `[export] labels = "user"` writes it, one by the default: the setting
+    # changed while jobs ran
+    export.write(str(directory), "7", [Gpu("7", 0, user='al"i\\ce'), Gpu("7", 1)], "user")
     export.write(str(directory), "8", [Gpu("8", 0, unsupported="gpueff_gpu_sm_active_ratio")])
     page = scrape(directory)
 
@@ -113,6 +115,7 @@ def test_node_exporter_reads_every_metric_with_its_type_help_labels_and_values(t
             assert sample.value == VALUES[name] + int(minor)
             assert sample.labels["uuid"] == f"GPU-{job_id}-{minor}"
     power = samples_of(families, "gpueff_gpu_power_watts", "gauge")
-    users = {key: sample.labels["user"] for key, sample in power.items()}
-    assert users == {("7", "0"): 'al"i\\ce', ("7", "1"): "alice", ("8", "0"): "alice"}
+    users = {key: sample.labels.get("user") for key, sample in power.items()}
+    assert users == {("7", "0"): 'al"i\\ce', ("7", "1"): "alice", ("8", "0"): None}
+    assert power[("7", "1")].labels["account"] == "phys" and "account" not in power[("8", "0")].labels
     assert "Metric read from" not in page
