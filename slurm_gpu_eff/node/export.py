@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Protocol
 
-from .spool import safe_part
+from .spool import open_folder, safe_part
 
 # (metric, help, type): what each GPU's line says; a counter is exposed as metric_total
 METRICS = (
@@ -42,7 +42,11 @@ class Figures(Protocol):
 
 
 def path_for(directory: str, job_id: str) -> str:
-    return os.path.join(directory, f"gpueff-job-{safe_part(job_id)}.prom")
+    return os.path.join(directory, file_name(job_id))
+
+
+def file_name(job_id: str) -> str:
+    return f"gpueff-job-{safe_part(job_id)}.prom"
 
 
 def exposed(name: str, kind: str) -> str:
@@ -65,30 +69,42 @@ def text(gpus: Iterable[Figures], labels: str = "job") -> str:
 
 def write(directory: str, job_id: str, gpus: Iterable[Figures], labels: str = "job") -> None:
     """The job's file, whole: written under another name, then renamed over the last."""
-    path = path_for(directory, job_id)
-    part = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}")
-    try:  # one a crash left; O_EXCL|O_NOFOLLOW: never through a link someone planted
-        os.unlink(part)
-    except FileNotFoundError:
-        pass
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # the collector reads it
+    content = text(gpus, labels).encode("utf-8")
+    folder = open_folder(directory)  # the directory may be node_exporter's user's
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text(gpus, labels))
-        os.replace(part, path)
-    except BaseException:
-        try:
-            os.unlink(part)
-        except OSError:
-            pass
-        raise
+        _write_in(folder, file_name(job_id), content)
+    finally:
+        os.close(folder)
 
 
 def remove(directory: str, job_id: str) -> None:
+    folder = open_folder(directory)
     try:
-        os.unlink(path_for(directory, job_id))
+        os.unlink(file_name(job_id), dir_fd=folder)  # a link there goes, never what it names
     except FileNotFoundError:
         pass
+    finally:
+        os.close(folder)
+
+
+def _write_in(folder: int, name: str, content: bytes) -> None:
+    part = f".{name}.{os.getpid()}"
+    try:  # one a crash left; O_EXCL|O_NOFOLLOW: never through a link someone planted
+        os.unlink(part, dir_fd=folder)
+    except FileNotFoundError:
+        pass
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644,  # the collector reads it
+                 dir_fd=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+        os.replace(part, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        try:
+            os.unlink(part, dir_fd=folder)
+        except OSError:
+            pass
+        raise
 
 
 def _labels(labels: dict[str, str], keep: tuple[str, ...]) -> str:

@@ -25,8 +25,9 @@ class HookLog:
                 # The last part only: a process outliving its cluster (or a site's
                 # /var/log gone) must not build the whole tree back.
                 os.mkdir(directory, 0o700)
-            # 0600: the log names users and jobs, which users may not read of each other.
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            # 0600: the log names users and jobs, which users may not read of each other;
+            # O_NOFOLLOW: root appends to no file a planted link names.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "a", encoding="utf-8") as handle:
                 handle.write(line)
         except OSError:

@@ -19,6 +19,7 @@ users may not read of each other.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from ..errors import SpoolError
@@ -39,9 +40,14 @@ class Spool:
         return os.path.join(self.root, "jobs", safe_part(job_id))
 
     def make_private(self) -> None:
-        """Create the spool's root 0700, or make an older one so."""
+        """Create the spool's root 0700, or make an older one so: never what a link there
+        names (os.chmod would follow it)."""
         private_dirs(self.root)
-        os.chmod(self.root, 0o700)
+        fd = open_folder(self.root)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
 
     def post(self, summary: NodeSummary) -> str:
         """Queue a node summary for the store; the newest one per job, node and run wins."""
@@ -89,8 +95,8 @@ class Spool:
         """A summary the store rejected: kept, with why, for a human (spool status)."""
         private_dirs(self.dead)
         target = os.path.join(self.dead, os.path.basename(path))
-        with os.fdopen(os.open(f"{target}.reason", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                       "w", encoding="utf-8") as handle:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        with os.fdopen(os.open(f"{target}.reason", flags, 0o600), "w", encoding="utf-8") as handle:
             handle.write(reason + "\n")
         os.replace(path, target)
         return target
@@ -170,6 +176,18 @@ def private_dirs(path: str) -> None:
             pass
 
 
+def open_folder(path: str) -> int:
+    """A directory's descriptor, for root to act on or in; never a link's target (one planted
+    where the directory should be would choose where root writes)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except NotADirectoryError:
+        if os.path.islink(path):  # the kernel's word for it, "not a directory", misleads
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link: root writes through none",
+                          path) from None
+        raise
+
+
 def safe_part(text: str) -> str:
     """A path part from a job id or node name: ASCII letters, digits and _.- only."""
     return "".join(c if c in _SAFE else "_" for c in text) or "_"
@@ -180,11 +198,12 @@ def write_json(path: str, data: object) -> None:
     import json  # here, not at the top: the prolog uses this module but never json (12 ms)
 
     directory = os.path.dirname(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # A name no one can foresee, created new and never through a link (O_EXCL|O_NOFOLLOW).
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
         private_dirs(directory)
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                       encoding="utf-8") as handle:
+        with os.fdopen(os.open(tmp, flags, 0o600), "w", encoding="utf-8") as handle:
             json.dump(data, handle, separators=(",", ":"))
             handle.flush()
             os.fsync(handle.fileno())
