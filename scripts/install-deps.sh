@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what the development cluster (scripts/cluster.sh) needs on Debian 12:
 # Slurm 22.05, slurmdbd, munge, MariaDB, python3-venv, gcc for the stand-in NVML library,
-# PostgreSQL's server and libpq for the store's second engine, and Chromium (headless: the
-# test that screenshots the usage report's HTML page). Our PostgreSQL servers
+# PostgreSQL's server and libpq for the store's second engine, Chromium (headless: the
+# test that screenshots the usage report's HTML page), and Prometheus's node_exporter (the
+# test that scrapes our textfile through the real collector; run on a port of its own). Our PostgreSQL servers
 # are private ones under a directory of their own (scripts/pg.sh); the cluster Debian's
 # package may create (15/main, port 5432) is never used, whether it runs or not.
 # Idempotent and fast: when everything is already there it runs no apt at all,
@@ -13,8 +14,8 @@ set -euo pipefail
 export PATH=/usr/sbin:/sbin:$PATH
 
 PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev libslurm-perl libslurmdb-perl
-  postgresql libpq5 chromium)
-COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc chromium)
+  postgresql libpq5 chromium prometheus-node-exporter)
+COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc chromium prometheus-node-exporter)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # Slurm's own seff, the peer the tests compare with: from Debian's source package of the
 # installed Slurm, run as it is (never copied into this repository).
@@ -62,15 +63,22 @@ fetch_seff() {
   echo "install-deps: fetched Slurm's seff into $SEFF"
 }
 
-# apt is noisy; keep its output in a log and show it only when it fails.
+# apt is noisy; keep its output in a log and show it only when it fails. No service the
+# packages bring is started (policy-rc.d says no): the cluster and the tests start their
+# own daemons, and a node_exporter left listening on 9100 would serve this machine's data.
 apt_install() {
-  local log
+  local log policy=/usr/sbin/policy-rc.d ours=""
   log=$(mktemp /tmp/gpueff-install-deps.XXXXXX.log)
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 0755 "$policy" && ours=1
+  fi
   if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "${PACKAGES[@]}"; } >"$log" 2>&1; then
+    [ -z "$ours" ] || rm -f "$policy"
     tail -n 30 "$log" >&2
     echo "install-deps: apt-get failed (full log: $log)" >&2
     exit 1
   fi
+  [ -z "$ours" ] || rm -f "$policy"
   rm -f "$log"
 }
 
@@ -78,7 +86,7 @@ main() {
   local gaps
   gaps=$(missing | tr '\n' ' ')
   if [ -z "$gaps" ]; then
-    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, postgresql, python3-venv, chromium present)"
+    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, postgresql, python3-venv, chromium, node_exporter present)"
     fetch_seff
     return
   fi
