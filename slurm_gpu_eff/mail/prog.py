@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from email.message import EmailMessage
 from functools import partial
 from pathlib import Path
@@ -291,7 +292,7 @@ def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[],
         return []
     notice = read_notice(str(raw.get("subject", "")), str(raw.get("recipient", "")), raw.get("env") or {})
     try:
-        to = recipients(notice.recipient)
+        notice, to = addressed(notice, config)
     except ValueError as exc:
         log.error("job %s: %s: not sent", notice.job_id, exc)
         request.unlink(missing_ok=True)
@@ -306,6 +307,13 @@ def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[],
         box.first_report(key)
     request.unlink(missing_ok=True)
     return [name]
+
+
+def addressed(notice: Notice, config: Config) -> tuple[Notice, list[str]]:
+    """The notice as it goes out, and its addresses: each bare user name at `[mail]
+    domain`, as the idle alerts address theirs. ValueError: a recipient that is no address."""
+    to = recipients(notice.recipient, config.mail_domain)
+    return replace(notice, recipient=",".join(to)), to
 
 
 def _stem(request: Path) -> str:
@@ -407,10 +415,10 @@ def _fallback(box: Outbox, request: Path, config: Config, clock: Callable[[], fl
     even give that is set aside (`.corrupt`), never left to fail every --flush."""
     try:
         raw = json.loads(request.read_text())
-        notice = _notice_anyway(str(raw["subject"]), str(raw["recipient"]), raw.get("env") or {})
+        notice, to = addressed(_notice_anyway(str(raw["subject"]), str(raw["recipient"]),
+                                              raw.get("env") or {}), config)
         name = box.post(plain_notice(notice, sender(config.mail_from), "(gpueff-mail could not add the "
-                                     "GPU report: see its log)"), recipients(notice.recipient), clock(),
-                        name=_stem(request))
+                                     "GPU report: see its log)"), to, clock(), name=_stem(request))
     except Exception:
         log.exception("gpueff-mail: request %s cannot be sent: set aside", request)
         with contextlib.suppress(OSError):
@@ -452,8 +460,8 @@ DIRECT_TIMEOUT_S = 15.0  # a send from the MailProg itself: well inside slurmctl
 
 def _direct(config: Config, notice: Notice, why: str) -> bool:
     try:
-        transport_for(config, DIRECT_TIMEOUT_S).send(plain_notice(notice, sender(config.mail_from), why),
-                                                     recipients(notice.recipient))
+        notice, to = addressed(notice, config)
+        transport_for(config, DIRECT_TIMEOUT_S).send(plain_notice(notice, sender(config.mail_from), why), to)
     except (MailError, ValueError) as exc:
         sys.stderr.write(f"gpueff-mail: Slurm's notice not sent: {exc}\n")
         log.error("Slurm's notice not sent: %s", exc)

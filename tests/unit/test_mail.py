@@ -584,3 +584,51 @@ def test_a_request_that_cannot_be_taken_stops_the_draining_not_the_sending(
     assert prog.work(own, clock, clock.sleep, config, server) == 0
     assert [subject.split()[1] for subject, _ in server.sent] == ["Job_id=327"]
     assert stuck.exists() and "cannot take mail request" in caplog.text
+
+
+# -- issue 20: as a site installs it ([mail] domain, the mail log, mail(1), comment_field) --------
+
+class Capture:
+    """A transport that keeps each message and its envelope recipients."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[EmailMessage, list[str]]] = []
+
+    def send(self, message: EmailMessage, to: list[str]) -> None:
+        self.sent.append((message, to))
+
+
+def test_the_job_end_mail_puts_mail_domain_after_a_bare_user_name(
+        config: Config, idle_report: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[mail] domain, as the idle alerts use it: the mail went to `To: alice`. An address
+    with its own domain is kept."""
+    monkeypatch.setattr(prog, "find_report", lambda n, c: idle_report)
+    config.mail_domain = "example.org"
+    box = Outbox(config.mail_spool_dir).make()
+    request = box.request(END_SUBJECT, "alice,bob@elsewhere.org", ENV, 1000.0)
+    server, clock = Capture(), Clock()
+    assert prog.work(request, clock, clock.sleep, config, server) == 0
+    ((message, to),) = server.sent
+    assert to == ["alice@example.org", "bob@elsewhere.org"]
+    assert message["To"] == "alice@example.org, bob@elsewhere.org"
+
+
+def test_slurm_s_notice_sent_directly_gets_the_mail_domain_too(
+        config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_text("")
+    config.mail_spool_dir = str(tmp_path / "file" / "spool")  # no spool: the notice goes directly
+    config.mail_domain = "example.org"
+    server = Capture()
+    monkeypatch.setattr(prog, "load_config", lambda path=None: config)
+    monkeypatch.setattr(prog, "transport_for", lambda config, timeout_s=30.0: server)
+    assert prog.main(["-s", END_SUBJECT, "alice"], ENV) == 0
+    ((message, to),) = server.sent
+    assert to == ["alice@example.org"] and message["To"] == "alice@example.org"
+
+
+def test_the_domain_is_added_only_to_bare_names_and_checked_with_them() -> None:
+    assert recipients("alice, bob@b.org", "example.org") == ["alice@example.org", "bob@b.org"]
+    assert recipients("alice", "@example.org") == ["alice@example.org"]  # Slurm's MailDomain has no @
+    assert recipients("alice", "") == ["alice"]
+    with pytest.raises(ValueError, match="not a mail address"):
+        recipients("alice", "example.org -oQ/tmp")
