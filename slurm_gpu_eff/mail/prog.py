@@ -130,7 +130,7 @@ def _start_worker(config: Config, request: Path, slot: int | None) -> None:
     why there). `slot`: an open worker slot it inherits."""
     python = config.python or sys.executable
     try:
-        err = os.open(config.mail_log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        err = _open_log(config.mail_log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError:
         err = os.open(os.devnull, os.O_WRONLY)
     try:
@@ -512,18 +512,37 @@ def _log_delivery(done: Delivered) -> None:
                  len(done.left))
 
 
+# The mail log names users and their jobs, which users may not read of each other: the
+# writer's alone (root reads it), as the hooks' log (node/log.py). Not 0640: its group
+# would be whatever SlurmUser's is, which says nothing of who should read it.
+LOG_MODE = 0o600
+
+
+def _open_log(path: str, flags: int) -> int:
+    """The mail log, made LOG_MODE if new (an existing file keeps its mode). Never through
+    a symlink: root or SlurmUser writes it, and whoever could put one there would choose
+    the file they write."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, LOG_MODE)
+
+
 def _logging(config: Config) -> None:
     if log.handlers:
         return
+    refused = None
     try:
         # The last part only, as the hooks' log (node/log.py) does.
         Path(config.mail_log_file).parent.mkdir(exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(config.mail_log_file)
-    except OSError:
+        stream = open(config.mail_log_file, "a", encoding="utf-8", opener=_open_log)
+        handler: logging.Handler = logging.StreamHandler(stream)
+    except OSError as exc:  # a symlink there (ELOOP), no such directory, no permission
+        refused = exc
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s gpueff-mail[%(process)d] %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    if refused is not None:
+        log.warning("mail log %s unusable (%s): logging here instead", config.mail_log_file,
+                    refused.strerror or refused)
 
 
 if __name__ == "__main__":

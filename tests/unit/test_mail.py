@@ -632,3 +632,55 @@ def test_the_domain_is_added_only_to_bare_names_and_checked_with_them() -> None:
     assert recipients("alice", "") == ["alice"]
     with pytest.raises(ValueError, match="not a mail address"):
         recipients("alice", "example.org -oQ/tmp")
+
+
+@pytest.fixture
+def fresh_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """prog's logger as a new process finds it: no handler yet."""
+    monkeypatch.setattr(prog.log, "handlers", [])
+    yield
+    for handler in prog.log.handlers:
+        handler.close()
+
+
+def test_the_mail_log_is_made_0600(config: Config, fresh_log: None) -> None:
+    """It names users and their jobs; it was made 0644."""
+    old = os.umask(0o022)
+    try:
+        prog._logging(config)
+    finally:
+        os.umask(old)
+    prog.log.info("sent job 327 of alice")
+    assert Path(config.mail_log_file).stat().st_mode & 0o777 == 0o600
+    assert "sent job 327 of alice" in Path(config.mail_log_file).read_text()
+
+
+def test_the_mail_log_is_never_written_through_a_symlink(config: Config, tmp_path: Path, fresh_log: None,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "elsewhere"
+    Path(config.mail_log_file).symlink_to(target)
+    prog._logging(config)
+    prog.log.info("sent job 327 of alice")
+    assert not target.exists()
+    assert "mail log" in capsys.readouterr().err  # said where it can be, stderr
+
+
+def test_the_worker_s_stderr_is_never_opened_through_a_symlink(config: Config, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "elsewhere"
+    Path(config.mail_log_file).symlink_to(target)
+    given: list[int] = []
+    monkeypatch.setattr(prog.subprocess, "Popen", lambda argv, **kw: given.append(kw["stderr"]))
+    prog._start_worker(config, tmp_path / "request.json", None)
+    assert not target.exists() and len(given) == 1
+
+
+def test_the_worker_s_stderr_log_is_made_0600(config: Config, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prog.subprocess, "Popen", lambda argv, **kw: None)
+    old = os.umask(0o022)
+    try:
+        prog._start_worker(config, tmp_path / "request.json", None)
+    finally:
+        os.umask(old)
+    assert Path(config.mail_log_file).stat().st_mode & 0o777 == 0o600
