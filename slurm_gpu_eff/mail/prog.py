@@ -470,17 +470,38 @@ def _direct(config: Config, notice: Notice, why: str) -> bool:
 
 
 def _as_slurm_would(subject: str, rcpts: list[str]) -> int:
-    """Slurm's default MailProg, with Slurm's own arguments and an empty body."""
+    """Slurm's default MailProg, with Slurm's own arguments and an empty body: to the
+    recipients that are addresses only (no option or header for mail(1) in the rest)."""
+    to = _addresses_only(rcpts)
+    if not to:
+        return 1
     for program in ("/usr/bin/mail", "/bin/mail", "/usr/bin/mailx"):
         if os.access(program, os.X_OK):
             try:
-                return subprocess.run([program, "-s", header_safe(subject), *rcpts], stdin=subprocess.DEVNULL,
+                # No "--" before the addresses: Debian's bsd-mailx takes it, but s-nail
+                # (RHEL's mailx) stops at it with a usage error and sends nothing. None of
+                # the addresses starts with "-": none can be an option.
+                return subprocess.run([program, "-s", header_safe(subject), *to], stdin=subprocess.DEVNULL,
                                       timeout=DIRECT_TIMEOUT_S, check=False).returncode
             except (OSError, subprocess.TimeoutExpired) as exc:
                 sys.stderr.write(f"gpueff-mail: {program}: {exc}\n")
                 return 1
     sys.stderr.write("gpueff-mail: no mail(1) either: Slurm's notice is lost\n")
     return 1
+
+
+def _addresses_only(rcpts: list[str]) -> list[str]:
+    """Each of Slurm's recipients (comma lists split) that is a user name or an address;
+    the rest said on stderr (slurmctld logs it: there are no settings, so no mail log)."""
+    to: list[str] = []
+    for part in (p for r in rcpts for p in r.split(",") if p.strip()):
+        try:
+            to += recipients(part)
+        except ValueError as exc:
+            sys.stderr.write(f"gpueff-mail: {exc}: refused\n")
+    if not to:
+        sys.stderr.write("gpueff-mail: no recipient left: Slurm's notice is not sent\n")
+    return to
 
 
 def transport_for(config: Config, timeout_s: float = 30.0) -> Transport:

@@ -684,3 +684,38 @@ def test_the_worker_s_stderr_log_is_made_0600(config: Config, tmp_path: Path,
     finally:
         os.umask(old)
     assert Path(config.mail_log_file).stat().st_mode & 0o777 == 0o600
+
+
+@pytest.fixture
+def mail_1(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """/usr/bin/mail, as Slurm's default MailProg: the argument lists it was run with."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(prog.os, "access", lambda path, mode: path == "/usr/bin/mail")
+    monkeypatch.setattr(prog.subprocess, "run",
+                        lambda argv, **kw: calls.append(argv) or type("Done", (), {"returncode": 0})())
+    return calls
+
+
+def test_mail_1_gets_no_recipient_that_could_be_an_option_or_a_header(
+        mail_1: list[list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    assert prog._as_slurm_would(END_SUBJECT, ["-oQ/tmp/x", "alice,bob smith", "carol\nBcc: x@y",
+                                              "dave@example.org"]) == 0
+    assert mail_1 == [["/usr/bin/mail", "-s", END_SUBJECT, "alice", "dave@example.org"]]
+    err = capsys.readouterr().err
+    assert err.count("refused") == 3 and "-oQ/tmp/x" in err
+
+
+def test_mail_1_is_not_run_when_no_recipient_is_an_address(
+        mail_1: list[list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    assert prog._as_slurm_would(END_SUBJECT, ["-oQ/tmp/x"]) == 1
+    assert mail_1 == [] and "Slurm's notice is not sent" in capsys.readouterr().err
+
+
+def test_a_broken_config_still_hands_no_option_to_mail_1(tmp_path: Path, mail_1: list[list[str]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through gpueff-mail's own arguments: after "--", Slurm's RECIPIENT could be anything."""
+    bad = tmp_path / "gpueff.toml"
+    bad.write_text('[mail]\nsmtp_port = "many"\n')
+    monkeypatch.setenv("GPUEFF_CONFIG", str(bad))
+    assert prog.mailprog(["-s", END_SUBJECT, "--", "-oQ/tmp/x", "alice"], ENV, detach=False) == 0
+    assert mail_1 == [["/usr/bin/mail", "-s", END_SUBJECT, "alice"]]
