@@ -364,13 +364,15 @@ def build(notice: Notice, config: Config, clock: Callable[[], float], sleep: Cal
 
 
 def find_report(notice: Notice, config: Config) -> Any:
-    """The job's report as `gpueff JOBID` makes it (accounting first: Slurm's rules)."""
+    """The job's report as `gpueff JOBID` makes it (accounting first: Slurm's rules; our
+    line read from the field `[slurm] comment_field` names)."""
     from ..report.hints import HintSettings
     from ..report.lookup import job_report
     from ..slurm import SacctQuery
     from ..store import open_store
 
-    query = SacctQuery(notice.job_id, find_command(config.sacct), find_command(config.scontrol))
+    query = SacctQuery(notice.job_id, find_command(config.sacct), find_command(config.scontrol),
+                       comment_field=config.comment_field)
     return job_report(query, partial(open_store, config.store_read_url, readonly=True),
                       HintSettings.from_config(config.hints))
 

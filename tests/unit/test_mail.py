@@ -719,3 +719,27 @@ def test_a_broken_config_still_hands_no_option_to_mail_1(tmp_path: Path, mail_1:
     monkeypatch.setenv("GPUEFF_CONFIG", str(bad))
     assert prog.mailprog(["-s", END_SUBJECT, "--", "-oQ/tmp/x", "alice"], ENV, detach=False) == 0
     assert mail_1 == [["/usr/bin/mail", "-s", END_SUBJECT, "alice"]]
+
+
+def test_the_job_end_report_reads_our_line_from_the_configured_comment_field(
+        tmp_path: Path, make_summary: Callable[..., Any]) -> None:
+    """[slurm] comment_field = "SystemComment": the mail's report is gpueff JOBID's, so
+    sacct is asked for that field, and the figures come from it."""
+    from slurm_gpu_eff.config import load_config
+    from slurm_gpu_eff.mirror import admin_comment
+    from slurm_gpu_eff.sacct import FIELDS
+    from tests.unit.test_slurm import FIXTURES, fake_sacct
+
+    line = admin_comment([make_summary(node="gpu2", utils=(90.0, 10.0))], 2).lower()
+    rows = (FIXTURES / "completed_2gpu.txt").read_text().splitlines()
+    rows[0] += line  # the allocation's row, whose last column is empty: our line there
+    (tmp_path / "rows.txt").write_text("\n".join(rows) + "\n")
+    args = tmp_path / "args"
+    script = fake_sacct(tmp_path, f'printf "%s\\n" "$@" > {args}\nemit {tmp_path / "rows.txt"}\n')
+    config = load_config(str(write_config(tmp_path / "gpueff.toml", {
+        "store": {"path": str(tmp_path / "absent.db")},
+        "slurm": {"sacct": str(script), "comment_field": "SystemComment"}})))
+    report = prog.find_report(notice(SLURM_JOB_ID="4242"), config)
+    assert [g.util_mean for g in report.gpus] == [90.0, 10.0]
+    assert args.read_text().splitlines()[5] == "--format=" + ",".join(FIELDS).replace(
+        "AdminComment", "SystemComment")
