@@ -38,10 +38,15 @@ def header_safe(text: str, most: int = SUBJECT_MAX) -> str:
     return line if len(line) <= most else line[: most - 1] + "\u2026"
 
 
-def recipients(text: str) -> list[str]:
+def recipients(text: str, domain: str = "") -> list[str]:
     """The addresses in Slurm's RECIPIENT (its --mail-user: possibly a comma list); a
-    value that is no address (a leading '-', spaces, angle brackets) is refused."""
+    value that is no address (a leading '-', spaces, angle brackets) is refused. A bare
+    user name gets "@domain" ([mail] domain, as Slurm's MailDomain); an address keeps its
+    own."""
     found = [part.strip() for part in text.split(",") if part.strip()]
+    domain = domain.strip().lstrip("@")
+    if domain:
+        found = [part if "@" in part else f"{part}@{domain}" for part in found]
     bad = [part for part in found if not _ADDRESS.match(part) or part.startswith(("-", "|", "/", "."))]
     if bad or not found:
         raise ValueError(f"not a mail address: {header_safe(', '.join(bad) or text, 80)!r}")

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from email.message import EmailMessage
 from functools import partial
 from pathlib import Path
@@ -129,7 +130,7 @@ def _start_worker(config: Config, request: Path, slot: int | None) -> None:
     why there). `slot`: an open worker slot it inherits."""
     python = config.python or sys.executable
     try:
-        err = os.open(config.mail_log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        err = _open_log(config.mail_log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError:
         err = os.open(os.devnull, os.O_WRONLY)
     try:
@@ -291,7 +292,7 @@ def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[],
         return []
     notice = read_notice(str(raw.get("subject", "")), str(raw.get("recipient", "")), raw.get("env") or {})
     try:
-        to = recipients(notice.recipient)
+        notice, to = addressed(notice, config)
     except ValueError as exc:
         log.error("job %s: %s: not sent", notice.job_id, exc)
         request.unlink(missing_ok=True)
@@ -306,6 +307,13 @@ def make_message(box: Outbox, request: Path, config: Config, clock: Callable[[],
         box.first_report(key)
     request.unlink(missing_ok=True)
     return [name]
+
+
+def addressed(notice: Notice, config: Config) -> tuple[Notice, list[str]]:
+    """The notice as it goes out, and its addresses: each bare user name at `[mail]
+    domain`, as the idle alerts address theirs. ValueError: a recipient that is no address."""
+    to = recipients(notice.recipient, config.mail_domain)
+    return replace(notice, recipient=",".join(to)), to
 
 
 def _stem(request: Path) -> str:
@@ -356,13 +364,15 @@ def build(notice: Notice, config: Config, clock: Callable[[], float], sleep: Cal
 
 
 def find_report(notice: Notice, config: Config) -> Any:
-    """The job's report as `gpueff JOBID` makes it (accounting first: Slurm's rules)."""
+    """The job's report as `gpueff JOBID` makes it (accounting first: Slurm's rules; our
+    line read from the field `[slurm] comment_field` names)."""
     from ..report.hints import HintSettings
     from ..report.lookup import job_report
     from ..slurm import SacctQuery
     from ..store import open_store
 
-    query = SacctQuery(notice.job_id, find_command(config.sacct), find_command(config.scontrol))
+    query = SacctQuery(notice.job_id, find_command(config.sacct), find_command(config.scontrol),
+                       comment_field=config.comment_field)
     return job_report(query, partial(open_store, config.store_read_url, readonly=True),
                       HintSettings.from_config(config.hints))
 
@@ -407,10 +417,10 @@ def _fallback(box: Outbox, request: Path, config: Config, clock: Callable[[], fl
     even give that is set aside (`.corrupt`), never left to fail every --flush."""
     try:
         raw = json.loads(request.read_text())
-        notice = _notice_anyway(str(raw["subject"]), str(raw["recipient"]), raw.get("env") or {})
+        notice, to = addressed(_notice_anyway(str(raw["subject"]), str(raw["recipient"]),
+                                              raw.get("env") or {}), config)
         name = box.post(plain_notice(notice, sender(config.mail_from), "(gpueff-mail could not add the "
-                                     "GPU report: see its log)"), recipients(notice.recipient), clock(),
-                        name=_stem(request))
+                                     "GPU report: see its log)"), to, clock(), name=_stem(request))
     except Exception:
         log.exception("gpueff-mail: request %s cannot be sent: set aside", request)
         with contextlib.suppress(OSError):
@@ -452,8 +462,8 @@ DIRECT_TIMEOUT_S = 15.0  # a send from the MailProg itself: well inside slurmctl
 
 def _direct(config: Config, notice: Notice, why: str) -> bool:
     try:
-        transport_for(config, DIRECT_TIMEOUT_S).send(plain_notice(notice, sender(config.mail_from), why),
-                                                     recipients(notice.recipient))
+        notice, to = addressed(notice, config)
+        transport_for(config, DIRECT_TIMEOUT_S).send(plain_notice(notice, sender(config.mail_from), why), to)
     except (MailError, ValueError) as exc:
         sys.stderr.write(f"gpueff-mail: Slurm's notice not sent: {exc}\n")
         log.error("Slurm's notice not sent: %s", exc)
@@ -462,17 +472,38 @@ def _direct(config: Config, notice: Notice, why: str) -> bool:
 
 
 def _as_slurm_would(subject: str, rcpts: list[str]) -> int:
-    """Slurm's default MailProg, with Slurm's own arguments and an empty body."""
+    """Slurm's default MailProg, with Slurm's own arguments and an empty body: to the
+    recipients that are addresses only (no option or header for mail(1) in the rest)."""
+    to = _addresses_only(rcpts)
+    if not to:
+        return 1
     for program in ("/usr/bin/mail", "/bin/mail", "/usr/bin/mailx"):
         if os.access(program, os.X_OK):
             try:
-                return subprocess.run([program, "-s", header_safe(subject), *rcpts], stdin=subprocess.DEVNULL,
+                # No "--" before the addresses: Debian's bsd-mailx takes it, but s-nail
+                # (RHEL's mailx) stops at it with a usage error and sends nothing. None of
+                # the addresses starts with "-": none can be an option.
+                return subprocess.run([program, "-s", header_safe(subject), *to], stdin=subprocess.DEVNULL,
                                       timeout=DIRECT_TIMEOUT_S, check=False).returncode
             except (OSError, subprocess.TimeoutExpired) as exc:
                 sys.stderr.write(f"gpueff-mail: {program}: {exc}\n")
                 return 1
     sys.stderr.write("gpueff-mail: no mail(1) either: Slurm's notice is lost\n")
     return 1
+
+
+def _addresses_only(rcpts: list[str]) -> list[str]:
+    """Each of Slurm's recipients (comma lists split) that is a user name or an address;
+    the rest said on stderr (slurmctld logs it: there are no settings, so no mail log)."""
+    to: list[str] = []
+    for part in (p for r in rcpts for p in r.split(",") if p.strip()):
+        try:
+            to += recipients(part)
+        except ValueError as exc:
+            sys.stderr.write(f"gpueff-mail: {exc}: refused\n")
+    if not to:
+        sys.stderr.write("gpueff-mail: no recipient left: Slurm's notice is not sent\n")
+    return to
 
 
 def transport_for(config: Config, timeout_s: float = 30.0) -> Transport:
@@ -504,18 +535,37 @@ def _log_delivery(done: Delivered) -> None:
                  len(done.left))
 
 
+# The mail log names users and their jobs, which users may not read of each other: the
+# writer's alone (root reads it), as the hooks' log (node/log.py). Not 0640: its group
+# would be whatever SlurmUser's is, which says nothing of who should read it.
+LOG_MODE = 0o600
+
+
+def _open_log(path: str, flags: int) -> int:
+    """The mail log, made LOG_MODE if new (an existing file keeps its mode). Never through
+    a symlink: root or SlurmUser writes it, and whoever could put one there would choose
+    the file they write."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, LOG_MODE)
+
+
 def _logging(config: Config) -> None:
     if log.handlers:
         return
+    refused = None
     try:
         # The last part only, as the hooks' log (node/log.py) does.
         Path(config.mail_log_file).parent.mkdir(exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(config.mail_log_file)
-    except OSError:
+        stream = open(config.mail_log_file, "a", encoding="utf-8", opener=_open_log)
+        handler: logging.Handler = logging.StreamHandler(stream)
+    except OSError as exc:  # a symlink there (ELOOP), no such directory, no permission
+        refused = exc
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s gpueff-mail[%(process)d] %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    if refused is not None:
+        log.warning("mail log %s unusable (%s): logging here instead", config.mail_log_file,
+                    refused.strerror or refused)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import time
@@ -122,7 +123,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(
         clean=clean, pct=pct, fraction=fraction, gib=gib, size=size, hms=hms, watts=watts,
-        joules=joules, clocktime=clocktime, evidence=evidence, aligned=aligned, num=num,
+        joules=joules, clocktime=clocktime, evidence=evidence, aligned=aligned, num=num, amount=amount,
         toml=toml_value,
     )
     env.globals["charts"] = charts
@@ -182,7 +183,8 @@ def render_json(report: JobReport | GroupReport) -> str:
 
 # -- usage reports (report/usage.py's objects) ----------------------------------------------
 
-# (column, heading, digits) of a usage table, after the grouping keys
+# (column, heading, digits) of a usage table, after the grouping keys. Digits: a
+# percentage's; an amount's fewest (amount() shows a small one to two significant digits).
 USAGE_COLUMNS = (
     ("jobs", "JOBS", 0), ("gpu_hours_allocated", "GPU-H", 1), ("gpu_hours_used", "USED", 1),
     ("efficiency_pct", "EFF%", 1), ("gpu_hours_wasted", "WASTED", 1),
@@ -202,14 +204,53 @@ def num(value: Any, digits: int = 1) -> str:
     return f"{value:,}"
 
 
+MOST_DIGITS = 4  # an amount's most decimals: 0.0001 GPU-hours is a GPU for 0.36 s
+
+
+def amount(value: Any, digits: int = 1) -> str:
+    """An amount (GPU-hours, kWh, cost): `digits` decimals, and more where it takes them
+    to show two significant digits (0.15, 0.033: a short job's GPU-hours never 0.0 beside
+    its efficiency); "<0.0001" below MOST_DIGITS."""
+    if not isinstance(value, float) or value == 0 or not math.isfinite(value):
+        return num(value, digits)
+    shown = max(digits, min(MOST_DIGITS, 1 - math.floor(math.log10(abs(value)))))
+    if round(value, shown) == 0:
+        return f"{'<' if value > 0 else '>-'}{10.0 ** -MOST_DIGITS:.{MOST_DIGITS}f}"
+    return f"{value:,.{shown}f}"
+
+
+def usage_cell(column: str, value: Any, digits: int) -> str:
+    """A usage table's cell: percentages at their digits, amounts as amount() gives them."""
+    return num(value, digits) if column.endswith("_pct") else amount(value, digits)
+
+
+_FIGURE = re.compile(r"^([<>]?-?[\d,]+)(\.\d+)?$")
+
+
 def aligned(rows: list[list[str]], left: int = 1) -> list[str]:
     """Rows of cells (the first row: headings) as lines of aligned columns: the first
-    `left` columns to the left, figures to the right."""
+    `left` columns to the left, figures to the right, on their decimal point where a
+    column's figures have more or fewer decimals (amount())."""
     if not rows:
         return []
+    rows = [rows[0], *_on_the_point(rows[1:], left)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) if i < left else c.rjust(w)
                       for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip() for r in rows]
+
+
+def _on_the_point(rows: list[list[str]], left: int) -> list[list[str]]:
+    """Each figure padded on the right to its column's most decimals."""
+    if not rows:
+        return rows
+    out = [list(r) for r in rows]
+    for i in range(left, len(rows[0])):
+        found = [_FIGURE.match(r[i]) for r in rows]
+        most = max((len(m.group(2) or "") for m in found if m), default=0)
+        for r, m in zip(out, found, strict=True):
+            if m:
+                r[i] = r[i].ljust(len(m.group(1)) + most)
+    return out
 
 
 def usage_rows(data: dict[str, Any], groups: list[dict[str, Any]], totals: bool = True) -> list[list[str]]:
@@ -220,7 +261,7 @@ def usage_rows(data: dict[str, Any], groups: list[dict[str, Any]], totals: bool 
               if totals else groups):
         hints = ", ".join(f"{h['rule']} ({h['jobs']})" for h in g["top_hints"])
         rows.append([clean(g.get(k) if g.get(k) is not None else "-") for k in keys]
-                    + [num(g[c], d) for c, _, d in USAGE_COLUMNS] + [hints or "-"])
+                    + [usage_cell(c, g[c], d) for c, _, d in USAGE_COLUMNS] + [hints or "-"])
     return rows
 
 

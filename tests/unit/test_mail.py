@@ -584,3 +584,162 @@ def test_a_request_that_cannot_be_taken_stops_the_draining_not_the_sending(
     assert prog.work(own, clock, clock.sleep, config, server) == 0
     assert [subject.split()[1] for subject, _ in server.sent] == ["Job_id=327"]
     assert stuck.exists() and "cannot take mail request" in caplog.text
+
+
+# -- issue 20: as a site installs it ([mail] domain, the mail log, mail(1), comment_field) --------
+
+class Capture:
+    """A transport that keeps each message and its envelope recipients."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[EmailMessage, list[str]]] = []
+
+    def send(self, message: EmailMessage, to: list[str]) -> None:
+        self.sent.append((message, to))
+
+
+def test_the_job_end_mail_puts_mail_domain_after_a_bare_user_name(
+        config: Config, idle_report: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[mail] domain, as the idle alerts use it: the mail went to `To: alice`. An address
+    with its own domain is kept."""
+    monkeypatch.setattr(prog, "find_report", lambda n, c: idle_report)
+    config.mail_domain = "example.org"
+    box = Outbox(config.mail_spool_dir).make()
+    request = box.request(END_SUBJECT, "alice,bob@elsewhere.org", ENV, 1000.0)
+    server, clock = Capture(), Clock()
+    assert prog.work(request, clock, clock.sleep, config, server) == 0
+    ((message, to),) = server.sent
+    assert to == ["alice@example.org", "bob@elsewhere.org"]
+    assert message["To"] == "alice@example.org, bob@elsewhere.org"
+
+
+def test_slurm_s_notice_sent_directly_gets_the_mail_domain_too(
+        config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_text("")
+    config.mail_spool_dir = str(tmp_path / "file" / "spool")  # no spool: the notice goes directly
+    config.mail_domain = "example.org"
+    server = Capture()
+    monkeypatch.setattr(prog, "load_config", lambda path=None: config)
+    monkeypatch.setattr(prog, "transport_for", lambda config, timeout_s=30.0: server)
+    assert prog.main(["-s", END_SUBJECT, "alice"], ENV) == 0
+    ((message, to),) = server.sent
+    assert to == ["alice@example.org"] and message["To"] == "alice@example.org"
+
+
+def test_the_domain_is_added_only_to_bare_names_and_checked_with_them() -> None:
+    assert recipients("alice, bob@b.org", "example.org") == ["alice@example.org", "bob@b.org"]
+    assert recipients("alice", "@example.org") == ["alice@example.org"]  # Slurm's MailDomain has no @
+    assert recipients("alice", "") == ["alice"]
+    with pytest.raises(ValueError, match="not a mail address"):
+        recipients("alice", "example.org -oQ/tmp")
+
+
+@pytest.fixture
+def fresh_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """prog's logger as a new process finds it: no handler yet."""
+    monkeypatch.setattr(prog.log, "handlers", [])
+    yield
+    for handler in prog.log.handlers:
+        handler.close()
+
+
+def test_the_mail_log_is_made_0600(config: Config, fresh_log: None) -> None:
+    """It names users and their jobs; it was made 0644."""
+    old = os.umask(0o022)
+    try:
+        prog._logging(config)
+    finally:
+        os.umask(old)
+    prog.log.info("sent job 327 of alice")
+    assert Path(config.mail_log_file).stat().st_mode & 0o777 == 0o600
+    assert "sent job 327 of alice" in Path(config.mail_log_file).read_text()
+
+
+def test_the_mail_log_is_never_written_through_a_symlink(config: Config, tmp_path: Path, fresh_log: None,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "elsewhere"
+    Path(config.mail_log_file).symlink_to(target)
+    prog._logging(config)
+    prog.log.info("sent job 327 of alice")
+    assert not target.exists()
+    assert "mail log" in capsys.readouterr().err  # said where it can be, stderr
+
+
+def test_the_worker_s_stderr_is_never_opened_through_a_symlink(config: Config, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "elsewhere"
+    Path(config.mail_log_file).symlink_to(target)
+    given: list[int] = []
+    monkeypatch.setattr(prog.subprocess, "Popen", lambda argv, **kw: given.append(kw["stderr"]))
+    prog._start_worker(config, tmp_path / "request.json", None)
+    assert not target.exists() and len(given) == 1
+
+
+def test_the_worker_s_stderr_log_is_made_0600(config: Config, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prog.subprocess, "Popen", lambda argv, **kw: None)
+    old = os.umask(0o022)
+    try:
+        prog._start_worker(config, tmp_path / "request.json", None)
+    finally:
+        os.umask(old)
+    assert Path(config.mail_log_file).stat().st_mode & 0o777 == 0o600
+
+
+@pytest.fixture
+def mail_1(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """/usr/bin/mail, as Slurm's default MailProg: the argument lists it was run with."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(prog.os, "access", lambda path, mode: path == "/usr/bin/mail")
+    monkeypatch.setattr(prog.subprocess, "run",
+                        lambda argv, **kw: calls.append(argv) or type("Done", (), {"returncode": 0})())
+    return calls
+
+
+def test_mail_1_gets_no_recipient_that_could_be_an_option_or_a_header(
+        mail_1: list[list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    assert prog._as_slurm_would(END_SUBJECT, ["-oQ/tmp/x", "alice,bob smith", "carol\nBcc: x@y",
+                                              "dave@example.org"]) == 0
+    assert mail_1 == [["/usr/bin/mail", "-s", END_SUBJECT, "alice", "dave@example.org"]]
+    err = capsys.readouterr().err
+    assert err.count("refused") == 3 and "-oQ/tmp/x" in err
+
+
+def test_mail_1_is_not_run_when_no_recipient_is_an_address(
+        mail_1: list[list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    assert prog._as_slurm_would(END_SUBJECT, ["-oQ/tmp/x"]) == 1
+    assert mail_1 == [] and "Slurm's notice is not sent" in capsys.readouterr().err
+
+
+def test_a_broken_config_still_hands_no_option_to_mail_1(tmp_path: Path, mail_1: list[list[str]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through gpueff-mail's own arguments: after "--", Slurm's RECIPIENT could be anything."""
+    bad = tmp_path / "gpueff.toml"
+    bad.write_text('[mail]\nsmtp_port = "many"\n')
+    monkeypatch.setenv("GPUEFF_CONFIG", str(bad))
+    assert prog.mailprog(["-s", END_SUBJECT, "--", "-oQ/tmp/x", "alice"], ENV, detach=False) == 0
+    assert mail_1 == [["/usr/bin/mail", "-s", END_SUBJECT, "alice"]]
+
+
+def test_the_job_end_report_reads_our_line_from_the_configured_comment_field(
+        tmp_path: Path, make_summary: Callable[..., Any]) -> None:
+    """[slurm] comment_field = "SystemComment": the mail's report is gpueff JOBID's, so
+    sacct is asked for that field, and the figures come from it."""
+    from slurm_gpu_eff.config import load_config
+    from slurm_gpu_eff.mirror import admin_comment
+    from slurm_gpu_eff.sacct import FIELDS
+    from tests.unit.test_slurm import FIXTURES, fake_sacct
+
+    line = admin_comment([make_summary(node="gpu2", utils=(90.0, 10.0))], 2).lower()
+    rows = (FIXTURES / "completed_2gpu.txt").read_text().splitlines()
+    rows[0] += line  # the allocation's row, whose last column is empty: our line there
+    (tmp_path / "rows.txt").write_text("\n".join(rows) + "\n")
+    args = tmp_path / "args"
+    script = fake_sacct(tmp_path, f'printf "%s\\n" "$@" > {args}\nemit {tmp_path / "rows.txt"}\n')
+    config = load_config(str(write_config(tmp_path / "gpueff.toml", {
+        "store": {"path": str(tmp_path / "absent.db")},
+        "slurm": {"sacct": str(script), "comment_field": "SystemComment"}})))
+    report = prog.find_report(notice(SLURM_JOB_ID="4242"), config)
+    assert [g.util_mean for g in report.gpus] == [90.0, 10.0]
+    assert args.read_text().splitlines()[5] == "--format=" + ",".join(FIELDS).replace(
+        "AdminComment", "SystemComment")
