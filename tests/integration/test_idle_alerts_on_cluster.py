@@ -99,6 +99,7 @@ def test_a_job_that_never_opens_its_gpu_is_alerted_and_cancelled_on_every_releas
     (to, message), = smtp.inbox.wait(job, timeout=90, settle=0)
     assert to == [f"alice@{DOMAIN}"] and ": 1 of 1 GPUs idle for " in str(message["Subject"])
     assert cluster.wait_done(job, timeout=120).startswith("CANCELLED")
+    cluster.wait_mirrored(job)  # the final summary is stored
     summary, = cluster.summaries(job).values()
     binding = summary["binding"]
     assert binding["status"] == "verified" or binding.get("gpu_use") == "none", binding
