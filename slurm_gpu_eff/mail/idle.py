@@ -40,7 +40,7 @@ from ..config import Config, find_command
 from ..errors import GpuEffError, SlurmError
 from ..hostlist import expand_hostlist
 from ..model import IDLE_UTIL, RUNNING, NodeSummary
-from ..node.verify import VERIFIED
+from ..node.verify import GPU_USE_NONE, UNVERIFIED, VERIFIED
 from ..report.render import render_idle
 from ..sacct import JOB_ID, check_job_id, fresh_delimiter
 from ..slurm import RunningJob, cancel_job
@@ -292,7 +292,7 @@ def idle_jobs(store: Store, fresh: float, alert_s: float, cluster: str) -> list[
 def _idle_job(cluster: str, job_id: str, nodes: list[NodeSummary], idle: list[IdleGpu]) -> IdleJob:
     started = min(s.run_started_at or 0.0 for s in nodes)
     users = {s.user for s in nodes}
-    binding = tuple((s.node, str((s.binding or {}).get("status") or "not checked"),
+    binding = tuple((s.node, binding_status(s.binding or {}),
                      str(((s.binding or {}).get("evidence") or [""])[0])[:200]) for s in nodes)
     return IdleJob(cluster, job_id, int(started), idle, sum(len(s.gpus) for s in nodes),
                    user=users.pop() if len(users) == 1 else "", nodes=tuple(sorted(s.node for s in nodes)),
@@ -325,11 +325,23 @@ def not_this_run(job: IdleJob, now: JobNow) -> str | None:
     return None
 
 
+UNUSED = "unverified, no GPU used"  # no process of the job on any GPU of the node (verify.py)
+
+
+def binding_status(binding: dict[str, Any]) -> str:
+    """A node's binding as the watch weighs it. An unverified one whose every look at the
+    node's GPUs found none of the job's processes is no doubt: the job used no GPU there,
+    whichever GPUs are its own (on cgroup v2 a job that never opens its GPU stays
+    unverified, and is the commonest idle job of all)."""
+    status = str(binding.get("status") or "not checked")
+    return UNUSED if status == UNVERIFIED and binding.get("gpu_use") == GPU_USE_NONE else status
+
+
 def binding_doubt(job: IdleJob) -> str | None:
     """Why the GPUs read idle may not be the ones the job uses (None: each node's sampler
     verified its binding): a lying gres map makes a busy job's GPU read idle."""
     doubts = [f"{status} on {node}" + (f" ({evidence})" if evidence else "")
-              for node, status, evidence in job.binding if status != VERIFIED]
+              for node, status, evidence in job.binding if status not in (VERIFIED, UNUSED)]
     return "; ".join(doubts) or None
 
 

@@ -474,6 +474,7 @@ class GpuSession:
         self.clock: Callable[[], float] = driver_clock(config)
         self.gpus: list[Gpu] = []
         self.others: list[tuple[int, str, Any]] = []  # the node's GPUs not bound: (minor, uuid, handle)
+        self.unlisted = 0  # the node's GPUs NVML could not name at binding (not in `others`)
         self.events: Any = None
         try:
             self.nvml.nvmlInit()
@@ -506,6 +507,7 @@ class GpuSession:
                 minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
             except nvml.NVMLError:
+                self.unlisted += 1
                 continue
             by_minor[minor] = (handle, uuid)
             by_uuid[uuid] = (handle, minor, None, None)
@@ -579,6 +581,23 @@ class GpuSession:
             except nvml.NVMLError as exc:
                 gpu.errors.append(f"XID events not available: {exc}")
         return events
+
+    def node_processes(self) -> list[tuple[int, list[int]]] | None:
+        """Every process on every GPU of the node, compute and graphics: (minor, pids). None
+        when any GPU could not be listed, or the job's are MIG slices (a GPU's list is not a
+        slice's): "none of the job's processes on any GPU" is never said from a partial look."""
+        if self.unlisted or any(g.is_mig for g in self.gpus):
+            return None
+        nvml = self.nvml
+        found = []
+        for minor, handle in [(g.minor, g.handle) for g in self.gpus] + [(m, h) for m, _, h in self.others]:
+            try:
+                processes = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+                processes += nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+            except Exception:  # NVMLError or a library mismatch: the look is partial
+                return None
+            found.append((minor, [int(p.pid) for p in processes]))
+        return found
 
     def other_processes(self) -> list[tuple[int, list[int]]]:
         """The compute processes on the node's GPUs that are not bound: (minor, pids)."""

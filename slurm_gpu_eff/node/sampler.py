@@ -53,6 +53,7 @@ class Sampler:
         xid_events: Callable[[], list[tuple[str, int, int]]] = list, time_scale: float = 1.0,
         other_processes: Callable[[], list[tuple[int, list[int]]]] = list,
         cgroup_root: str = "/sys/fs/cgroup", run_started: float | None = None,
+        node_processes: Callable[[], list[tuple[int, list[int]]] | None] = lambda: None,
     ) -> None:
         self.job = job
         self.config = config
@@ -61,6 +62,7 @@ class Sampler:
         self.monotonic = monotonic
         self.xid_events = xid_events
         self.other_processes = other_processes  # the node's unbound GPUs: (minor, pids)
+        self.node_processes = node_processes  # every GPU of the node, or None: a partial look
         self.binding = BindingCheck(job.job_id, job.node, [g.minor for g in gpus if not g.is_mig],
                                     cgroup_root, sluid=job.sluid)
         self._next_verify = 0.0  # monotonic time of the next look beyond the bound GPUs
@@ -102,6 +104,8 @@ class Sampler:
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)
         self._record_xids(now)
+        if not self.binding.settled():  # did the job use any GPU at all? (verify.py)
+            self.binding.node_scan(self.node_processes(), job_of_pid)
         self._verify()
         self.sampled_from = self.sampled_from or now
         self.sampled_until = now
@@ -304,7 +308,7 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
                   f"= minors {[g.minor for g in gpus]}")
         sampler = Sampler(job, config, gpus, clock=session.clock, xid_events=session.xid_events,
                           time_scale=session.time_scale, other_processes=session.other_processes,
-                          run_started=started)
+                          run_started=started, node_processes=session.node_processes)
         if run_in_job:  # kept with the binding's evidence, which `gpueff --json` shows
             sampler.binding.note(run_in_job)
         loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)

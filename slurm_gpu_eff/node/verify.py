@@ -12,15 +12,24 @@ simply trusted; it is cross-checked against the job itself:
   `a *:* rwm`: that says nothing, and is not taken as evidence either way.
 Status: `mismatch` if anything disagrees, else `verified` if anything agrees, else
 `unverified`. Standard library only: the sampler runs it.
+
+An unverified binding also says whether the job used any GPU at all (`gpu_use`): while
+nothing settles the binding, every poll lists the processes of every GPU of the node.
+`none` means each such look was whole (every GPU listed, every process's job read) and
+no process of the job was on any GPU: the job's GPUs were idle whichever GPUs they are,
+which a wrong binding cannot make untrue (a process that lives wholly between two polls
+is not seen). Anything less is `unknown`.
 """
 
 from __future__ import annotations
 
 import glob
+from collections.abc import Callable
 
 from .jobenv import same_job
 
 VERIFIED, UNVERIFIED, MISMATCH = "verified", "unverified", "mismatch"
+GPU_USE_NONE, GPU_USE_UNKNOWN = "none", "unknown"  # an unverified binding's `gpu_use`
 NVIDIA_MAJOR = 195
 NOT_GPUS = (254, 255)  # nvidia-modeset and nvidiactl share the major; every job may have them
 MAX_EVIDENCE = 10
@@ -46,6 +55,8 @@ class BindingCheck:
         self.disagree: list[str] = []
         self.notes: list[str] = []  # context for the evidence, neither for nor against
         self.cgroup_read = False
+        self.scans = 0  # whole looks at every GPU of the node that found none of the job's
+        self.scan_gap = ""  # why a look was not whole: no `gpu_use: none` from then on
         self._seen_on: set[int] = set()
         self._last_pids: dict[int, list[int]] = {}
 
@@ -60,6 +71,29 @@ class BindingCheck:
             elif minor not in self._seen_on:
                 self._seen_on.add(minor)
                 self._note(self.agree, f"process {pid} of job {self.job_id} runs on bound GPU minor {minor}")
+
+    def settled(self) -> bool:
+        """Evidence either way: the node's GPUs need no look every poll any more."""
+        return bool(self.agree or self.disagree)
+
+    def node_scan(
+        self, listing: list[tuple[int, list[int]]] | None, job_of: Callable[[int], str | None],
+    ) -> None:
+        """One look at every GPU of the node (None: not every GPU could be listed)."""
+        if self.scan_gap or self.settled():
+            return
+        if listing is None:
+            self.scan_gap = "not every GPU of the node could be listed"
+            return
+        for minor, pids in listing:
+            owners = {pid: job_of(pid) for pid in pids}
+            unread = [pid for pid, job in owners.items() if job is None]
+            if unread:  # gone, or another PID namespace: it may have been the job's
+                self.scan_gap = f"whose process {unread[0]} on GPU minor {minor} was could not be read"
+                return
+            self.processes(minor, owners, bound=minor in self.bound_minors)
+        if not self.settled():
+            self.scans += 1
 
     def wants(self, minor: int, pids: list[tuple[int, int]]) -> bool:
         """Whether a bound GPU's processes (pid, memory) tell anything new: not once one of
@@ -106,8 +140,16 @@ class BindingCheck:
             return {"status": MISMATCH, "evidence": self.disagree + self.agree + self.notes}
         if self.agree:
             return {"status": VERIFIED, "evidence": self.agree + self.notes}
-        return {"status": UNVERIFIED, "evidence": ["no process of the job was seen on a GPU yet, and the "
-                                                   "job's cgroup does not list its devices"] + self.notes}
+        unused = self.scans > 0 and not self.scan_gap
+        evidence = ["no process of the job was seen on a GPU yet, and the job's cgroup does not "
+                    "list its devices"]
+        if unused:
+            evidence.append(f"no process of the job on any GPU of the node in {self.scans} looks "
+                            "at all of them")
+        elif self.scan_gap:
+            evidence.append(f"whether the job used any GPU is unknown: {self.scan_gap}")
+        return {"status": UNVERIFIED, "gpu_use": GPU_USE_NONE if unused else GPU_USE_UNKNOWN,
+                "evidence": evidence + self.notes}
 
     def _note(self, where: list[str], text: str) -> None:
         if text not in where and len(where) < MAX_EVIDENCE:

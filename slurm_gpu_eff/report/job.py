@@ -123,6 +123,9 @@ def build_report(
         if check.get("status") == "mismatch":
             notes.append(f"{node}: the GPUs measured may not be the job's own: "
                          + "; ".join(check.get("evidence", [])[:3]))
+        elif check.get("gpu_use") == "none":  # unverified, yet nothing of the job on any GPU
+            notes.append(f"{node}: no process of the job ran on any GPU of the node while it was "
+                         "sampled: its GPUs were not used, whichever they are")
     until = max((s.sampled_until for s in summaries if s.sampled_until), default=None)
     report = JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until,
                        binding=binding)

@@ -87,3 +87,19 @@ def test_an_idle_gpu_job_is_alerted_once_then_cancelled_and_its_end_mail_says_so
     assert cluster.wait_done(exempt, timeout=120) == "COMPLETED"
     (to, message), = smtp.inbox.wait(exempt, timeout=90, settle=4)
     assert " Ended, " in str(message["Subject"]) and "cancelled" not in message.get_payload()[0].get_content()  # type: ignore[index]
+
+
+def test_a_job_that_never_opens_its_gpu_is_alerted_and_cancelled_on_every_release(
+    cluster: Cluster, smtp: Server, idle_policy: None,
+) -> None:
+    """No process of the job ever on a GPU: on cgroup v2 (no device list) its binding stays
+    unverified, yet every look at the node's GPUs found none of its processes: the job used
+    no GPU, whichever are its own. Alerted, then cancelled (issue 20's open decision)."""
+    job = cluster.submit("alice", "sleep 150", "--gres=gpu:1", "--mail-type=END")
+    (to, message), = smtp.inbox.wait(job, timeout=90, settle=0)
+    assert to == [f"alice@{DOMAIN}"] and ": 1 of 1 GPUs idle for " in str(message["Subject"])
+    assert cluster.wait_done(job, timeout=120).startswith("CANCELLED")
+    cluster.wait_mirrored(job)  # the final summary is stored
+    summary, = cluster.summaries(job).values()
+    binding = summary["binding"]
+    assert binding["status"] == "verified" or binding.get("gpu_use") == "none", binding

@@ -183,6 +183,91 @@ def test_the_sampler_looks_at_the_nodes_other_gpus(sim_node: Any, monkeypatch: p
     assert f"process {os.getpid()} of job 4242 runs on GPU minor 2" in binding["evidence"][0]
 
 
+# --- did the job use any GPU at all? (an unverified binding's gpu_use) -----------------------------
+
+def jobs(table: dict[int, str | None]) -> Any:
+    return lambda pid: table.get(pid, "")
+
+
+def test_whole_looks_that_find_none_of_the_jobs_processes_say_no_gpu_was_used() -> None:
+    check = BindingCheck("42", "gpu1", [0])
+    for _ in range(3):
+        check.node_scan([(0, []), (1, [7]), (2, [])], jobs({7: "99"}))  # job 99's process on minor 1
+    result = check.result()
+    assert result["status"] == UNVERIFIED and result["gpu_use"] == "none"
+    assert "no process of the job on any GPU of the node in 3 looks at all of them" in result["evidence"]
+
+
+@pytest.mark.parametrize(("listing", "table", "why"), [
+    (None, {}, "not every GPU of the node could be listed"),
+    ([(0, []), (1, [7])], {7: None}, "whose process 7 on GPU minor 1 was could not be read"),
+])
+def test_a_look_that_is_not_whole_leaves_the_gpu_use_unknown_for_good(
+    listing: Any, table: dict[int, str | None], why: str,
+) -> None:
+    check = BindingCheck("42", "gpu1", [0])
+    check.node_scan([(0, []), (1, [])], jobs({}))
+    check.node_scan(listing, jobs(table))
+    check.node_scan([(0, []), (1, [])], jobs({}))  # whole again: too late, a look was missed
+    result = check.result()
+    assert result["gpu_use"] == "unknown"
+    assert f"whether the job used any GPU is unknown: {why}" in result["evidence"]
+
+
+def test_the_jobs_process_on_any_gpu_settles_the_binding_and_ends_the_looks() -> None:
+    bound = BindingCheck("42", "gpu1", [0])
+    bound.node_scan([(0, [5]), (1, [])], jobs({5: "42"}))
+    assert bound.settled() and bound.result()["status"] == VERIFIED and "gpu_use" not in bound.result()
+    elsewhere = BindingCheck("42", "gpu1", [0])
+    elsewhere.node_scan([(0, []), (1, [5])], jobs({5: "42"}))
+    assert elsewhere.result()["status"] == MISMATCH
+    elsewhere.node_scan(None, jobs({}))  # settled: no more looks, nothing changes
+    assert elsewhere.scan_gap == "" and elsewhere.result()["status"] == MISMATCH
+
+
+def test_the_session_lists_every_gpu_of_the_node_compute_and_graphics(sim_node: Any) -> None:
+    session = sim_node.session()
+    session.bind([0])
+    listed = session.node_processes()
+    assert listed is not None and sorted(m for m, _ in listed) == [0, 1, 2, 3]
+    session.unlisted = 1  # a GPU NVML could not name at binding: the look is partial
+    assert session.node_processes() is None
+
+
+def test_a_gpu_that_cannot_list_its_graphics_processes_makes_the_look_partial(sim_node: Any) -> None:
+    devices = [{"minor": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000"},
+               {"minor": 1, "uuid": "GPU-11111111-1111-1111-1111-111111111111",
+                "unsupported": ["nvmlDeviceGetGraphicsRunningProcesses_v3"]}]
+    sim_node.write_devices({"gpu1": devices})
+    session = sim_node.session()
+    session.bind([0])
+    assert session.node_processes() is None
+
+
+def test_a_sampler_whose_job_never_opens_a_gpu_says_so(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another job's process works on minor 2; this job (4242) has none anywhere: unverified
+    (no cgroup device list here), and no GPU used."""
+    from slurm_gpu_eff.node import sampler as sampler_module
+    from slurm_gpu_eff.node.jobenv import JobContext
+
+    sim_node.write_state(2, {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80}}}]},
+                         started_at=sim_node.now - 10, pid=os.getpid())
+    monkeypatch.setattr(sampler_module, "job_of_pid", lambda pid: "77")
+    session = sim_node.session()
+    gpus = session.bind([0])
+    sampler = sampler_module.Sampler(JobContext(job_id="4242", node="gpu1"), sim_node.config, gpus,
+                                     clock=sim_node.clock, other_processes=session.other_processes,
+                                     node_processes=session.node_processes,
+                                     cgroup_root=str(sim_node.state_dir / "no-cgroups"))
+    for _ in range(2):
+        sim_node.now += 1
+        sampler.sample_once()
+    binding = sampler.snapshot("running").binding
+    assert binding is not None and binding["status"] == UNVERIFIED and binding["gpu_use"] == "none"
+
+
 # --- the report -------------------------------------------------------------------------------
 
 def test_the_report_says_how_far_the_binding_was_checked(make_job: Any, make_summary: Any) -> None:
@@ -204,6 +289,10 @@ def test_the_report_says_how_far_the_binding_was_checked(make_job: Any, make_sum
                          [make_summary(binding=good), make_summary(node="gpu2", binding=bad)])
     text = render_text(wrong)
     assert "GPU Binding: mismatch (the figures may be of another GPU: see the notes)" in text
+    unused = {"status": UNVERIFIED, "gpu_use": "none", "evidence": ["no process of the job on any GPU"]}
+    shown = render_text(build_report(make_job(), [make_summary(binding=unused)]))
+    assert ("gpu1: no process of the job ran on any GPU of the node while it was sampled: its GPUs "
+            "were not used, whichever they are") in shown
     assert ("gpu2: the GPUs measured may not be the job's own: process 9 of job 4242 runs on GPU "
             "minor 2") in text
 

@@ -690,6 +690,23 @@ def test_a_job_whose_gpus_are_not_verified_its_own_on_every_node_is_left_alone_a
     assert "Neither alerted nor cancelled" in told and "gpu1" not in told.split(": ", 2)[2].split(".")[0]
 
 
+def test_an_unverified_binding_whose_job_used_no_gpu_anywhere_is_no_doubt(
+    store: Store, make_summary: Factory, policy_config: Config,
+) -> None:
+    """cgroup v2 lists no devices: a job that never opens its GPU stays unverified. When
+    every look at the node's GPUs found none of its processes, it used no GPU, whichever
+    are its own: alerted (and later cancelled) like a verified one."""
+    unused = {"status": "unverified", "gpu_use": "none",
+              "evidence": ["no process of the job on any GPU of the node in 600 looks at all of them"]}
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (600.0,), binding=unused))
+    assert idle.check(policy_config, store, slurm, box, NOW)[0].startswith("job 500: alerted")
+    unknown = {**unused, "gpu_use": "unknown"}
+    store.put(running(make_summary, (600.0,), node="gpu2", binding=unknown))
+    assert idle.binding_doubt(idle.idle_jobs(store, NOW - 600, 600, "gpueffdev")[0]) is not None
+
+
 def test_a_binding_found_wrong_after_the_alert_stops_the_cancel(
     store: Store, make_summary: Factory, policy_config: Config, caplog: pytest.LogCaptureFixture,
 ) -> None:

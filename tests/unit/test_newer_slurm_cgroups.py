@@ -152,7 +152,7 @@ def test_the_run_in_job_note_goes_with_the_bindings_evidence() -> None:
     check = BindingCheck("42", "gpu1", [1])
     check.note("the sampler ran inside the job's cgroup")
     check.note("the sampler ran inside the job's cgroup")  # once
-    assert check.result() == {"status": UNVERIFIED, "evidence": [
+    assert check.result() == {"status": UNVERIFIED, "gpu_use": "unknown", "evidence": [
         "no process of the job was seen on a GPU yet, and the job's cgroup does not list its devices",
         "the sampler ran inside the job's cgroup"]}
     check.processes(1, {7: "42"}, bound=True)

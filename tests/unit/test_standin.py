@@ -448,6 +448,7 @@ CURRENT_EXPORTS = {
     "nvmlDeviceGetTemperatureV", "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2",
     "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceIsMigDeviceHandle", "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
@@ -457,6 +458,7 @@ CURRENT_EXPORTS = {
 }
 OLD_DRIVER_LACKS = {
     "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetTemperatureV",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
     "nvmlDeviceGetCurrentClocksEventReasons", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
     "nvmlGpmSampleFree", "nvmlGpmSampleGet", "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet",
 }
@@ -469,7 +471,8 @@ PACKAGE_USES = [
     "nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureV", "nvmlDeviceGetClockInfo",
     "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
     "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetMigMode",
     "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceIsMigDeviceHandle",
     "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",

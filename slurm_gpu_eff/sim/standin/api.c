@@ -654,6 +654,34 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
     LOCKED(running_processes(device, "nvmlDeviceGetComputeRunningProcesses_v2", infoCount, infos));
 }
 
+/* The simulator's workloads are CUDA compute processes: a GPU lists no graphics ones
+ * (unless the devices file marks the call unsupported, as some drivers would). */
+static nvmlReturn_t no_graphics_processes(nvmlDevice_t handle, const char *function, unsigned *count)
+{
+    TARGET(handle, function, CHECK_LOST);
+    (void)d;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+#ifndef STANDIN_OLD_DRIVER
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos)
+{
+    (void)infos;
+    LOCKED(no_graphics_processes(device, "nvmlDeviceGetGraphicsRunningProcesses_v3", infoCount));
+}
+#endif
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos)
+{
+    (void)infos;
+    LOCKED(no_graphics_processes(device, "nvmlDeviceGetGraphicsRunningProcesses_v2", infoCount));
+}
+
 /* One sample per process busy (smUtil > 0) in the last complete driver window, stamped
  * with the window's end; with process_util_over_100, each doubled with 100 added. */
 static unsigned process_samples(struct nvmlDevice_st *d, unsigned long long last_seen,
