@@ -106,8 +106,11 @@ class Config:
         mail_sendmail: str = "/usr/sbin/sendmail",
         mail_from: str = "",  # "": slurm@ this host's name
         # Messages wait here until delivered (the SMTP server away), retried after retry_s,
-        # doubling to retry_max_s, for retry_for_s; then given up, and logged.
-        mail_spool_dir: str = "/var/spool/slurm-gpu-eff/mail",
+        # doubling to retry_max_s, for retry_for_s; then given up, and logged. SlurmUser's
+        # (the MailProg and the idle watch run as it), so not under the node spool's root,
+        # which root's hooks make 0700 (with every parent they make) on a controller that
+        # is also a GPU node: a root of its own, beside it.
+        mail_spool_dir: str = "/var/spool/slurm-gpu-eff-mail",
         mail_retry_s: float = 60.0,
         mail_retry_max_s: float = 1800.0,
         mail_retry_for_s: float = 172800.0,
@@ -121,7 +124,8 @@ class Config:
         mail_min_gpus: int = 1,
         mail_footer: str = "",  # e.g. where the site's help is
         mail_opt_out_file: str = "",  # user names, one a line: Slurm's plain mail for them
-        mail_log_file: str = "/var/log/slurm-gpu-eff/mail.log",
+        # SlurmUser's too, so beside the hooks' log directory (root's, 0700), not in it.
+        mail_log_file: str = "/var/log/slurm-gpu-eff-mail/mail.log",
         # A bare user name as recipient (no --mail-user) gets "@" this, as Slurm's
         # MailDomain does; "": sent to the bare name (the mail server's local user).
         mail_domain: str = "",

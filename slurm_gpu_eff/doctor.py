@@ -5,11 +5,16 @@ login node: what does not apply to the host is skipped, and says so."""
 from __future__ import annotations
 
 import glob
+import grp
+import json
 import os
+import pwd
 import re
+import shutil
 import socket
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -20,6 +25,8 @@ NVIDIA_MAJOR = 195  # /dev/nvidia[0-9]*: the driver's character devices
 EXAMPLE = "etc/gpueff.toml.example"
 MOUNTS = "/proc/self/mounts"  # what this host mounts (os.statvfs cannot tell cgroup2 from tmpfs)
 UNSET = ("", "(null)")  # how `scontrol show config` prints a setting with no value
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"  # the PATH a login shell gives users (Debian's, less games)
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for the probes
 
 
 @dataclass
@@ -42,8 +49,16 @@ class Note:
 
 
 def examine(path: str | None = None, node: str = "") -> tuple[bool, list[Check], list[Note]]:
-    """Every check, in the order a site installs, and the notes: (ready, checks, notes)."""
+    """Every check, in the order a site installs, and the notes: (ready, checks, notes).
+
+    Not run as root, the checks of what only root (the hooks) and SlurmUser (the MailProg,
+    the idle watch) may see are left out, and a failed `root` check says so: as a user,
+    doctor would see a private spool or store as broken and give a wrong fix."""
     config, checks = _config(path)
+    checks.append(_config_file(config, path))
+    root = _euid() == 0
+    if not root:
+        checks.append(_not_root())
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     # as slurmd runs the hooks: the node's name and the config in the environment (what
     # the sampler sees; the simulated NVML of the development cluster reads them too)
@@ -51,15 +66,20 @@ def examine(path: str | None = None, node: str = "") -> tuple[bool, list[Check],
     if config.path:
         os.environ["GPUEFF_CONFIG"] = config.path
     slurm = _slurm_config(config)
+    checks.append(_venv(config))
     checks += _hooks(slurm)
     files, unreadable = _gres(config, node)
     if not files and not unreadable:
         checks.append(Check("gpus", True, f"slurmd knows no GPU for node {node!r}: not a GPU node, "
                                           "the GPU checks are skipped (--node NAME to name one)"))
     else:
-        checks += [_nvml(config, files or []), _devices(files or [], unreadable, node), _spool(config, node)]
-    checks += [_store(config), _accounting(config)]
-    return all(c.ok for c in checks), checks, _notes(slurm)
+        checks += [_nvml(config, files or []), _devices(files or [], unreadable, node)]
+        checks += [_spool(config, node)] if root else []
+        checks += [_export(config)] if config.export_dir else []
+    checks += [_store(config)] if root else []
+    checks += _controller(config, slurm) if root else []
+    checks.append(_accounting(config))
+    return all(c.ok for c in checks), checks, _notes(slurm) + _path_note(config)
 
 
 def as_dict(ready: bool, checks: list[Check], notes: list[Note] | None = None) -> dict[str, object]:
@@ -78,6 +98,168 @@ def _config(path: str | None) -> tuple[Config, list[Check]]:
     if config.path is None:
         return config, [Check("config", True, f"no {where}: the defaults are in force")]
     return config, [Check("config", True, f"{where} is valid")]
+
+
+# -- who may change what root runs -------------------------------------------------------------
+
+def _euid() -> int:
+    return os.geteuid()
+
+
+def _not_root() -> Check:
+    uid = _euid()
+    return Check("root", False, (
+        f"doctor runs as {_user(uid)}, not root: the node spool, the store, and SlurmUser's mail spool, "
+        "mail log and store access are root's (and SlurmUser's) alone to see, so those checks are left "
+        "out rather than reported broken"),
+        "run it as root: sudo gpueff doctor (on each GPU node, on slurmctld's host, on a login node)")
+
+
+def _config_file(config: Config, path: str | None) -> Check:
+    """The file names the interpreter root's hooks start ([hooks] python) and the NVML
+    library they load: no user may change it, nor make it where there is none."""
+    where = config_path(path)
+    fix = f"chown root:root {where}; chmod 0644 {where}"
+    try:
+        info = os.stat(where)
+    except OSError:
+        info = None
+    if info is not None and (info.st_uid != 0 or info.st_mode & 0o022):
+        return Check("config-file", False, f"{where} is {_said(info)}: a user who can change it names the "
+                                           "python that root's hooks run", fix)
+    bad = _unsafe_dirs(where)
+    if bad:
+        return Check("config-file", False, (
+            f"{bad[0][1]} is above {where}: a user who can change it can put a config of their own there, "
+            "which names the python that root's hooks run"), _dir_fix(bad[0][0]))
+    if info is None:
+        return Check("config-file", True, f"no {where}; only root can make one")
+    return Check("config-file", True, f"{where}: root's, mode {stat.S_IMODE(info.st_mode):o}, "
+                                      "in directories only root can change")
+
+
+def _venv(config: Config) -> Check:
+    """[hooks] python (by default the python running doctor, as the hooks run the one
+    beside them) runs as root in every GPU job's prolog and epilog: its venv, every file
+    in it, and the directories above it must be root's alone. A venv a user can write is
+    root for that user."""
+    python = config.python
+    if not os.access(python, os.X_OK):
+        return Check("venv", False, f"{python} ([hooks] python) is not an executable file here",
+                     "point [hooks] python at the venv's bin/python, or leave it out (the hooks' own)")
+    base = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    venv = base if os.path.isfile(os.path.join(base, "pyvenv.cfg")) else None
+    real = os.path.realpath(python)
+    where = venv or python
+    above = _unsafe_dirs(where)
+    found = (_open_entries(venv) if venv else []) + [said for _, said in above + _unsafe_dirs(real)]
+    info = os.stat(real)
+    if info.st_uid != 0 or info.st_mode & 0o022:
+        found.append(f"{real} ({_said(info)})")
+    found = list(dict.fromkeys(found))  # a directory above both the venv and its python, once
+    if found:
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        fix = f"chown -R root:root {where}; chmod -R go-w {where}"
+        if above:
+            fix += "; " + "; ".join(f"chown root {d}; chmod go-w {d}" for d, _ in above)
+        return Check("venv", False, (
+            f"{where} holds the python that root's hooks run, and users could change it: "
+            f"{'; '.join(found[:3])}{more}"), fix)
+    return Check("venv", True, f"{where}: root's alone (the python root's hooks run)")
+
+
+def _open_entries(top: str) -> list[str]:
+    """What in the tree under `top` (itself included) is not root's or is writable by its
+    group or by others. Links are not followed (their own mode means nothing)."""
+    found = []
+    stack = [top]
+    while stack:
+        directory = stack.pop()
+        try:
+            info = os.lstat(directory)
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        if info.st_uid != 0 or info.st_mode & 0o022:
+            found.append(f"{directory} ({_said(info)})")
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                    continue
+                if entry.is_symlink():
+                    continue
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if info.st_uid != 0 or info.st_mode & 0o022:
+                found.append(f"{entry.path} ({_said(info)})")
+    return sorted(found)
+
+
+def _ancestors(path: str) -> list[tuple[str, bool]]:
+    """The existing directories above `path`, from / down: (directory, made_here), where
+    made_here says that `path` (or its first missing part) is still to be made there."""
+    path = os.path.abspath(path)
+    parts = []
+    parent = os.path.dirname(path)
+    while True:
+        parts.append(parent)
+        if os.path.dirname(parent) == parent:
+            break
+        parent = os.path.dirname(parent)
+    parts.reverse()
+    chain = []
+    for directory in parts:
+        if not os.path.isdir(directory):
+            break
+        chain.append(directory)
+    missing = len(chain) < len(parts) or not os.path.lexists(path)
+    return [(d, missing and i == len(chain) - 1) for i, d in enumerate(chain)]
+
+
+def _unsafe_dirs(path: str, owners: tuple[int, ...] = (0,)) -> list[tuple[str, str]]:
+    """The directories above `path`, as written and as links resolve it, that someone not
+    among `owners` could change: (directory, what it is). Whoever may rename entries in one
+    can put a link where root (or SlurmUser) then writes or reads. A sticky directory
+    (/tmp) lets no user rename what is not theirs: safe above an existing path, not where
+    the path is still to be made (a user could make it first)."""
+    bad: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for directory, made_here in _ancestors(path) + _ancestors(os.path.realpath(path)):
+        if directory in seen:
+            continue
+        seen.add(directory)
+        try:
+            info = os.stat(directory)
+        except OSError:
+            continue
+        open_ = info.st_mode & 0o022 and (made_here or not info.st_mode & stat.S_ISVTX)
+        if info.st_uid not in owners or open_:
+            bad.append((directory, f"{directory} ({_said(info)})"))
+    return bad
+
+
+def _dir_fix(directory: str) -> str:
+    return f"chown root {directory}; chmod go-w {directory} (or keep the file elsewhere)"
+
+
+def _said(info: os.stat_result) -> str:
+    return f"owner {_user(info.st_uid)}, mode {stat.S_IMODE(info.st_mode):o}"
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 # -- Slurm's configuration ---------------------------------------------------------------------
@@ -144,6 +326,16 @@ def _hook(slurm: dict[str, str], key: str, name: str) -> Check:
         return Check(key, False, f"{shown} does not run {name}", fix)
     if not all(os.access(p, os.X_OK) for p in ours):
         return Check(key, False, f"{shown}: {ours[0]} is not an executable file here", fix)
+    runs = "as SlurmUser at every job's end" if key == "MailProg" else "as root in every GPU job"
+    for path in ours:
+        info = os.stat(path)
+        if info.st_uid != 0 or info.st_mode & 0o022:
+            return Check(key, False, f"{shown}: {path} is {_said(info)}, and it runs {runs}",
+                         f"chown root:root {path}; chmod 0755 {path}")
+        bad = _unsafe_dirs(path)
+        if bad:
+            return Check(key, False, f"{shown}: {bad[0][1]} is above {path}, which runs {runs}",
+                         _dir_fix(bad[0][0]))
     return Check(key, True, shown)
 
 
@@ -184,7 +376,24 @@ def _notes(slurm: dict[str, str] | None) -> list[Note]:
             "CgroupJobIdPaths=yes: gpueff reads both; other tools that look for job_N need the setting")))
     if "runinjob" in slurm.get("PrologFlags", "").lower():
         notes.append(_run_in_job(slurm["PrologFlags"]))
+    gather = slurm.get("JobAcctGatherType", "")
+    if gather in UNSET or gather.endswith("/none"):
+        notes.append(Note("JobAcctGatherType", "warning", (
+            f"JobAcctGatherType={gather or '(none)'}: Slurm records no job's memory use, so the reports' "
+            "memory efficiency (and seff's) says n/a"),
+            "JobAcctGatherType=jobacct_gather/cgroup (or jobacct_gather/linux) in slurm.conf, then restart "
+            "slurmctld and every slurmd"))
     return notes
+
+
+def _path_note(config: Config) -> list[Note]:
+    """Users read their figures with `gpueff JOBID`: it must be on the PATH they get."""
+    if shutil.which("gpueff", path=USER_PATH):
+        return []
+    here = os.path.join(os.path.dirname(config.python), "gpueff")
+    return [Note("PATH", "warning", f"no gpueff on the PATH users get ({USER_PATH}): they cannot run "
+                                    "`gpueff JOBID`", f"ln -s {here} /usr/local/bin/gpueff "
+                                                      "(on every login node and GPU node)")]
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -339,6 +548,11 @@ def _devices(files: list[list[str]], unreadable: str = "", node: str = "") -> Ch
 def _spool(config: Config, node: str) -> Check:
     path = config.spool_for(node)
     fix = f"install -d -m 0700 -o root {path} (node-local storage; the hooks run as root)"
+    bad = _unsafe_dirs(path)
+    if bad:
+        return Check("spool", False, (
+            f"{bad[0][1]} is above {path}: a user who can change it can put a link in the spool's place, "
+            "and root's hooks write through it"), _dir_fix(bad[0][0]))
     if os.path.isdir(path):
         info = os.stat(path)
         if info.st_uid != 0 or info.st_mode & 0o077:
@@ -359,6 +573,27 @@ def _existing_parent(path: str) -> str | None:
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
     return parent or None
+
+
+def _export(config: Config) -> Check:
+    """node_exporter's textfile directory: root's sampler writes each job's figures there,
+    node_exporter serves what it finds. The sampler does not make it."""
+    path = config.export_dir
+    fix = (f"install -d -m 0755 -o root -g root {path} (node_exporter's --collector.textfile.directory: "
+           "root writes, the exporter reads)")
+    if not os.path.isdir(path):
+        return Check("export", False, f"[export] textfile_dir {path} is not a directory: no job's figures "
+                                      "are exported", fix)
+    info = os.stat(path)
+    if info.st_uid != 0 or info.st_mode & 0o022:
+        return Check("export", False, (
+            f"{path} is {_said(info)}: a user could put files there that node_exporter serves beside ours, "
+            "or replace ours"), f"chown root:root {path}; chmod 0755 {path}")
+    bad = _unsafe_dirs(path)
+    if bad:
+        return Check("export", False, f"{bad[0][1]} is above {path}: a user could put another directory "
+                                      "in its place", _dir_fix(bad[0][0]))
+    return Check("export", True, f"{path}: root's, mode {stat.S_IMODE(info.st_mode):o}")
 
 
 # -- the store and the accounting -------------------------------------------------------------
@@ -397,6 +632,263 @@ def _store(config: Config) -> Check:
         else f"schema current ({SCHEMA[-1]})"))
 
 
+# -- slurmctld's host: what SlurmUser needs (the MailProg, the idle watch) ----------------------
+
+@dataclass
+class Account:
+    """A user as it logs in: the uid, its primary group and every group it is a member of."""
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
+# Run as SlurmUser (its uid and groups): os.access then answers as the kernel would for it,
+# ACLs included. argv[1]: [[path, "rwx" letters], ...]; prints a list of true/false.
+_ACCESS = ("import json, os, sys\n"
+           "modes = {'r': os.R_OK, 'w': os.W_OK, 'x': os.X_OK}\n"
+           "asks = json.loads(sys.argv[1])\n"
+           "print(json.dumps([os.access(p, sum(modes[c] for c in want)) for p, want in asks]))\n")
+# Run as SlurmUser: the store opened as the MailProg and the idle watch open it (read_url,
+# read only). argv[1]: where slurm_gpu_eff is; argv[2]: the URL.
+_STORE = ("import sys\n"
+          "sys.path.insert(0, sys.argv[1])\n"
+          "from slurm_gpu_eff.store import open_store\n"
+          "try:\n"
+          "    with open_store(sys.argv[2], readonly=True) as store:\n"
+          "        store.schema()\n"
+          "except Exception as exc:\n"
+          "    print(f'{type(exc).__name__}: {exc}')\n"
+          "    sys.exit(1)\n")
+_VERBS = {"x": "pass through", "r": "read", "w": "write", "wx": "make entries in", "rwx": "use"}
+DROPPED = "the MailProg then sends Slurm's plain notice and the job's GPU report is silently dropped"
+
+
+def _controller(config: Config, slurm: dict[str, str] | None) -> list[Check]:
+    """On slurmctld's host (a SlurmctldHost of slurm.conf): slurmctld runs the MailProg as
+    SlurmUser, and gpueff-mail --watch runs as SlurmUser beside it. They need the mail
+    spool and log, and to read the store; elsewhere these checks do not apply."""
+    if slurm is None:
+        return []  # the slurm.conf check says why
+    hosts = _controllers(slurm)
+    if not hosts & _host_names():
+        return [Check("mail", True, (
+            f"not slurmctld's host ({', '.join(sorted(hosts)) or 'none named'}): the MailProg and "
+            "gpueff-mail --watch run there, as SlurmUser; their checks are skipped here"))]
+    who = _slurm_user(slurm)
+    if isinstance(who, str):
+        return [Check("SlurmUser", False, who, "create the user slurm.conf's SlurmUser names on this "
+                                               "host (slurmctld runs as it), or name the right one")]
+    try:
+        return [_mail_spool(config, who), _mail_log(config, who), _store_reader(config, who, slurm)]
+    except _ProbeFailed as exc:
+        return [Check("SlurmUser", False, f"cannot check as {who.name} what it may do: {exc}",
+                      "run doctor as root on slurmctld's host")]
+
+
+class _ProbeFailed(Exception):
+    pass
+
+
+def _controllers(slurm: dict[str, str]) -> set[str]:
+    """slurm.conf's SlurmctldHost names: `SlurmctldHost[N] = name` or `name(address)`."""
+    names = set()
+    for key, value in slurm.items():
+        if (key == "SlurmctldHost" or re.fullmatch(r"SlurmctldHost\[\d+\]", key)) and value not in UNSET:
+            names.add(value.partition("(")[0].strip())
+    return names
+
+
+def _host_names() -> set[str]:
+    name = socket.gethostname()
+    return {name, name.split(".")[0]}
+
+
+def _slurm_user(slurm: dict[str, str]) -> Account | str:
+    """SlurmUser as `scontrol show config` prints it ("slurm(64030)"; unset: root)."""
+    name = slurm.get("SlurmUser", "").partition("(")[0].strip() or "root"
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return f"SlurmUser {name!r} is not a user on this host"
+    return Account(name, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(name, entry.pw_gid)))
+
+
+def _as(who: Account, code: str, *args: str) -> subprocess.CompletedProcess[str] | None:
+    """A short Python program run as `who`, with the uid and groups it logs in with, in an
+    environment as bare as the MailProg's."""
+    return _run([sys.executable, "-I", "-c", code, *args], user=who.uid, group=who.gid,
+                extra_groups=list(who.groups), cwd="/", env={"PATH": os.defpath, "LANG": "C.UTF-8"})
+
+
+def _blocked(who: Account, path: str, want: str, make: str = "wx") -> tuple[str, str] | None:
+    """Where `who` is stopped on its way to `want` ("r", "w", "rwx") on `path`: every
+    directory above it passed through, and `path`, or where it is still to be made (`make`
+    on that directory; "" asks nothing of it). None: nowhere."""
+    chain = _ancestors(path)
+    asks = [(d, "x") for d, _ in chain]
+    if os.path.lexists(path):
+        asks.append((path, want))
+    elif chain and make:
+        asks.append((chain[-1][0], make))
+    done = _as(who, _ACCESS, json.dumps(asks))
+    if done is None or done.returncode != 0:
+        said = "" if done is None else (done.stderr.strip().splitlines() or [""])[-1]
+        raise _ProbeFailed(f"{sys.executable} did not run as {who.name}" + (f" ({said})" if said else ""))
+    for (where, what), can in zip(asks, json.loads(done.stdout), strict=True):
+        if not can:
+            return where, what
+    return None
+
+
+def _mail_spool(config: Config, who: Account) -> Check:
+    path = config.mail_spool_dir
+    group = _group(who.gid)
+    make = f"install -d -o {who.name} -g {group} -m 0700 {path}"
+    bad = _unsafe_dirs(path, owners=(0, who.uid))
+    if bad:
+        return Check("mail-spool", False, (
+            f"{bad[0][1]} is above the mail spool {path}: a user who can change it can put a link where "
+            "SlurmUser writes"), _dir_fix(bad[0][0]))
+    if os.path.isdir(path):
+        info = os.stat(path)
+        if info.st_uid != who.uid or info.st_mode & 0o077:
+            return Check("mail-spool", False, (
+                f"{path} is {_said(info)}, not {who.name}'s alone (0700): the MailProg and gpueff-mail "
+                f"--watch run as {who.name} (SlurmUser)" + (
+                    f"; {DROPPED}" if info.st_uid != who.uid else "; users could read the waiting mail")),
+                f"chown -R {who.name}:{group} {path}; chmod 0700 {path}")
+    blocked = _blocked(who, path, "rwx")
+    if blocked:
+        where, what = blocked
+        said = (f"{who.name} (SlurmUser) cannot {_VERBS[what]} {where}" + (
+            f", so cannot make the mail spool {path}" if where != path else ""))
+        return Check("mail-spool", False, f"{said}: {DROPPED}",
+                     _closed_fix(where, what, path, "mail_spool_dir", who) or make)
+    if not os.path.isdir(path):
+        return Check("mail-spool", True, f"{path} will be made by {who.name}'s first mail")
+    return Check("mail-spool", True, f"{path}: {who.name}'s alone")
+
+
+def _closed_fix(where: str, what: str, directory: str, key: str, who: Account) -> str:
+    """The fix when a directory above the mail side's `directory` is closed to SlurmUser
+    (the node spool's or log's root-only tree, say): its own place, outside it, as the
+    default is. "": not that case."""
+    if what != "x":
+        return ""
+    default = getattr(Config(), key)
+    made = default if key == "mail_spool_dir" else os.path.dirname(default)
+    if os.path.abspath(directory) == os.path.abspath(made):
+        return f"chmod o+x {where} (or give it a group of {who.name}'s, with g+x)"
+    return (f'[mail] {key.removeprefix("mail_")} = "{default}" (the default: outside {where}, which is '
+            f"closed to {who.name}), and install -d -o {who.name} -g {_group(who.gid)} -m 0700 {made}")
+
+
+def _mail_log(config: Config, who: Account) -> Check:
+    """The MailProg's log (why a report was not sent is said there), written as SlurmUser.
+    It names users, jobs and addresses: no user may read it."""
+    path = config.mail_log_file
+    directory = os.path.dirname(path)
+    group = _group(who.gid)
+    make = f"install -d -o {who.name} -g {group} -m 0700 {directory}"
+    bad = _unsafe_dirs(path, owners=(0, who.uid))
+    if bad:
+        return Check("mail-log", False, (
+            f"{bad[0][1]} is above the mail log {path}: a user who can change it can put a link where "
+            "SlurmUser writes"), _dir_fix(bad[0][0]))
+    if not os.path.isdir(directory):
+        # the MailProg would make it (the last part only) with slurmctld's umask: readable by all
+        return Check("mail-log", False, f"{directory} does not exist: {who.name} cannot make it, or would "
+                                        "make it and the log readable by every user", make)
+    exists = os.path.exists(path)
+    blocked = _blocked(who, path, "w")
+    if blocked:
+        where, what = blocked
+        return Check("mail-log", False, (
+            f"{who.name} (SlurmUser) cannot {_VERBS[what]} {where}: the MailProg's log (why a report was "
+            "not sent) is lost"), _closed_fix(where, what, directory, "mail_log_file", who)
+            or (f"chown {who.name}:{group} {path}; chmod 0600 {path}" if where == path else make))
+    mode = stat.S_IMODE(os.stat(path).st_mode) if exists else 0o644  # the MailProg's umask: 022
+    if mode & 0o004 and os.stat(directory).st_mode & 0o001:
+        return Check("mail-log", False, (
+            f"{path} {'is' if exists else 'would be made'} readable by every user (mode {mode:o}): it names "
+            "users, jobs and their addresses"),
+            f"chmod 0600 {path}" if exists else f"install -m 0600 -o {who.name} -g {group} /dev/null {path}")
+    return Check("mail-log", True, f"{path}: {who.name} writes it, users cannot read it")
+
+
+def _store_reader(config: Config, who: Account, slurm: dict[str, str]) -> Check:
+    """SlurmUser reads the store (read_url): the MailProg for each job-end report, the idle
+    watch for the running jobs. It never writes there."""
+    from .store.base import shown_url
+
+    url = config.store_read_url
+    path = url.removeprefix("sqlite://") if url.startswith("sqlite://") else None
+    admin = config.store_admin_group
+    name = "store-slurmuser"
+    join = (f'[store] admin_group = "{admin or "GROUP"}" (the file is then 0640 root:{admin or "GROUP"}); '
+            f"usermod -a -G {admin or 'GROUP'} {who.name}; then restart slurmctld and gpueff-mail's service "
+            "(each keeps the groups it started with)")
+    if path is not None and not os.path.exists(path):
+        gid = _gid(admin)
+        if who.uid != 0 and (gid is None or gid not in who.groups):
+            made = f"0640 root:{admin}" if gid is not None else "0600, root's"
+            return Check(name, False, (
+                f"{path} will be made {made}, which {who.name} (SlurmUser) cannot read: the job-end "
+                "reports and the idle watch need it"), join)
+        blocked = _blocked(who, path, "r", make="")
+        if blocked:
+            return Check(name, False, f"{who.name} (SlurmUser) cannot pass through {blocked[0]}, above the "
+                                      f"store {path}", f"chmod o+x {blocked[0]} (or chgrp it to {admin})")
+        return Check(name, True, f"{path} will be made 0640 root:{admin}; {who.name} is in {admin}")
+    done = _as(who, _STORE, PACKAGE_PARENT, url)
+    if done is None:
+        raise _ProbeFailed(f"{sys.executable} did not run as {who.name}")
+    if done.returncode != 0:
+        said = (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or ["exit status"])[-1]
+        return Check(name, False, (
+            f"{who.name} (SlurmUser, as whom the MailProg and the idle watch run) cannot read "
+            f"{shown_url(url)}: {said}"), join if path is not None else (
+            f"let {who.name} log in as [store] read_url's role: a passfile of its own (0600, {who.name}'s) "
+            "named by passfile= in read_url (docs/install.md, PostgreSQL)"))
+    if path is not None:
+        running = _running_groups(slurm, who)
+        info = os.stat(path)
+        if (running is not None and info.st_uid != who.uid and not info.st_mode & 0o004
+                and info.st_gid not in running[1]):
+            return Check(name, False, (
+                f"slurmctld (pid {running[0]}) runs without group {_group(info.st_gid)}, which reads {path}: "
+                f"it started before {who.name} joined the group, so its MailProg cannot read the store"),
+                "restart slurmctld and gpueff-mail's service (each keeps the groups it started with)")
+    return Check(name, True, f"{who.name} (SlurmUser) reads {shown_url(url)} (read only: all the MailProg "
+                             "and the idle watch do with it)")
+
+
+def _gid(group: str) -> int | None:
+    try:
+        return grp.getgrnam(group).gr_gid if group else None
+    except KeyError:
+        return None
+
+
+def _running_groups(slurm: dict[str, str], who: Account) -> tuple[int, set[int]] | None:
+    """The running slurmctld's pid and groups (/proc: what its MailProg inherits), when its
+    pid file names a live process of SlurmUser's."""
+    try:
+        with open(slurm.get("SlurmctldPidFile", ""), encoding="ascii") as handle:
+            pid = int(handle.read().split()[0])
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            fields = dict(line.partition(":")[::2] for line in handle)
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        if int(fields["Uid"].split()[0]) != who.uid:
+            return None
+        return pid, {int(fields["Gid"].split()[0]), *map(int, fields["Groups"].split())}
+    except (KeyError, ValueError, IndexError):
+        return None
+
+
 def _accounting(config: Config) -> Check:
     done = _run([find_command(config.sacct), "-n", "-X", "-j", "1", "--format=JobID"])
     if done is None or done.returncode != 0:
@@ -409,8 +901,8 @@ def _accounting(config: Config) -> Check:
 
 def _run(command: list[str], timeout: float = 15.0,
          runner: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
-         ) -> subprocess.CompletedProcess[str] | None:
+         **options: object) -> subprocess.CompletedProcess[str] | None:
     try:
-        return runner(command, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return runner(command, capture_output=True, text=True, timeout=timeout, check=False, **options)
+    except (OSError, subprocess.SubprocessError):
         return None

@@ -19,8 +19,9 @@ def test_the_development_cluster_is_ready(cluster: Cluster, node: str) -> None:
     failed = [c for c in result["checks"] if not c["ok"]]
     assert (done.code, result["ready"], failed) == (0, True, []), done.err
     names = [c["name"] for c in result["checks"]]
-    assert names == ["config", "Prolog", "Epilog", "MailProg", "PrologFlags", "nvml", "gres", "spool",
-                     "store", "accounting"]
+    # this host is slurmctld's too: SlurmUser's mail spool, mail log and store access are checked
+    assert names == ["config", "config-file", "venv", "Prolog", "Epilog", "MailProg", "PrologFlags", "nvml",
+                     "gres", "spool", "store", "mail-spool", "mail-log", "store-slurmuser", "accounting"]
     nvml = next(c for c in result["checks"] if c["name"] == "nvml")
     assert nvml["message"].startswith("driver ") and "GPM " in nvml["message"]
 

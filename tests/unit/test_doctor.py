@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,20 +94,27 @@ class Site:
                 pytest.skip("mknod needs root (CI runs as root)")
         (root / "devices.json").write_text(json.dumps(SIM_DEVICES))
         (root / "state" / "gpu1").mkdir(parents=True)
+        self.slurm_conf: dict[str, str | None] = {}
         self.etc = root / "etc"  # the site's wrappers, as the development cluster's
         self.etc.mkdir()
         for hook, name in HOOKS:
             command(self.etc / hook, f'exec /opt/venv/bin/{name} "$@"\n')
-        self.slurm_conf: dict[str, str | None] = {}
         self.cgroup_section = True
         self.gres = f'echo "{gres_line(f"{dev}/nvidia[0-1]")}" >&2'
         (root / "spool").mkdir(mode=0o700)
+        # the venv root's hooks run: root's (made by the test, as root), its python the test's
+        (root / "venv" / "bin").mkdir(parents=True)
+        (root / "venv" / "pyvenv.cfg").write_text("include-system-site-packages = false\n")
+        (root / "venv" / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+        # not the live cluster's slurmctld: no pid file
+        self.slurm_conf["SlurmctldPidFile"] = str(root / "slurmctld.pid")
         self.settings: dict[str, dict[str, Any]] = {
             "gpu": {"library": standin.library_path()},
             "sim": {"devices": str(root / "devices.json"), "state_dir": str(root / "state")},
             "spool": {"dir": str(root / "spool" / "%n")},
             "store": {"path": str(root / "store" / "gpueff.db")},
             "log": {"file": str(root / "log" / "%n.log")},
+            "hooks": {"python": str(root / "venv" / "bin" / "python")},
             "slurm": {"scontrol": str(root / "scontrol"), "slurmd": str(root / "slurmd"),
                       "sacct": command(root / "sacct", "exit 0\n")},
         }
@@ -141,6 +149,12 @@ def _own_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     The host's mounts are a file of the test's (a cgroup v2 host unless a test says else)."""
     monkeypatch.setenv("SLURMD_NODENAME", "")
     monkeypatch.delenv("GPUEFF_CONFIG", raising=False)
+    # not slurmctld's host (the fixtures' SlurmctldHost is "vm", this machine's name too)
+    monkeypatch.setattr(doctor, "_host_names", lambda: {"testhost"})
+    users = tmp_path / "users-bin"  # the PATH users get: gpueff is on it
+    users.mkdir()
+    command(users / "gpueff", "exit 0\n")
+    monkeypatch.setattr(doctor, "USER_PATH", str(users))
     mounts = tmp_path / "mounts"
     mounts.write_text(V2_MOUNTS)
     monkeypatch.setattr(doctor, "MOUNTS", str(mounts))
@@ -154,8 +168,8 @@ def test_a_ready_node(tmp_path: Path, capsys: pytest.CaptureFixture[str], releas
     _own_environment.write_text(V1_MOUNTS if release == "22.05" else V2_MOUNTS)  # as its cgroup.conf says
     ready, checks, notes = site.examine()
     assert ready, [c for c in checks.values() if not c.ok]
-    assert list(checks) == ["config", "Prolog", "Epilog", "MailProg", "PrologFlags", "nvml", "gres",
-                            "spool", "store", "accounting"]
+    assert list(checks) == ["config", "config-file", "venv", "Prolog", "Epilog", "MailProg", "PrologFlags",
+                            "nvml", "gres", "spool", "store", "mail", "accounting"]
     assert checks["Prolog"].message == f"{site.hook_key('Prolog')}={site.etc}/prolog"
     assert checks["nvml"].message.startswith("driver ") and "2 GPU(s): minor 0 NVIDIA H100 (sim)" in \
         checks["nvml"].message and "GPM " in checks["nvml"].message
@@ -215,7 +229,7 @@ def broken_accounting(site: Site) -> None:
 @pytest.mark.parametrize(("breaks", "name", "said", "fix"), [
     (no_prolog, "Prolog", "slurm.conf has no Prolog line", "Prolog=/PATH/TO/VENV/bin/gpueff-prolog"),
     (broken_spool, "spool", "does not exist and cannot be made", "install -d -m 0700 -o root"),
-    (broken_key, "config", "line 17: [sampler] intervall_s: unknown setting", "etc/gpueff.toml.example"),
+    (broken_key, "config", "line 19: [sampler] intervall_s: unknown setting", "etc/gpueff.toml.example"),
     (broken_gres, "gres", "notadevice is not a character device", "gres.conf's File= must name"),
     (fileless_gres, "gres", "slurmd -G lists GPUs without device files", "AutoDetect=nvml"),
     (broken_store, "store", "postgresql://gpueff@127.0.0.1:1/gpueff", "PostgreSQL URL whose server answers"),
