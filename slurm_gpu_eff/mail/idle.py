@@ -583,17 +583,13 @@ def _mail(box: Outbox, config: Config, facts: JobNow, kind: str, job: IdleJob, p
     return True
 
 
-def recipient(facts: RunningJob, domain: str) -> str:
-    """The job's owner (at [mail] domain, as Slurm's MailDomain). Not its --mail-user:
-    nothing of Slurm 22.05's tells it apart from what the user wrote in the job's comment
-    or paths (scontrol prints it only with a mail type, after fields users write), so it
-    would let a user send the alert anywhere."""
-    return f"{facts.user}@{domain}" if domain else facts.user
-
-
 def idle_message(config: Config, facts: JobNow, kind: str, job: IdleJob, policy: Policy,
                  now: float) -> tuple[EmailMessage, list[str]]:
-    to = recipients(recipient(facts, config.mail_domain))
+    # The job's owner (at [mail] domain, as Slurm's MailDomain). Not its --mail-user:
+    # nothing of Slurm 22.05's tells it apart from what the user wrote in the job's comment
+    # or paths (scontrol prints it only with a mail type, after fields users write), so it
+    # would let a user send the alert anywhere.
+    to = recipients(facts.user, config.mail_domain)
     # The user's own name for the task (1234_7) in the subject and the commands the mail
     # gives: `scancel 1234` would end every task of the array.
     facts = replace(facts, job_id=facts.task_id or facts.job_id)

@@ -85,7 +85,9 @@ def write_pid(job_dir: str, pid: int, started: float) -> None:
     """Written whole and renamed: the epilog may read it the moment it appears."""
     path = os.path.join(job_dir, PID_FILE)
     part = f"{path}.{pid}.part"
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(part)  # one a crash left: made anew below, never written through
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="ascii") as handle:
         handle.write(f"{pid} {started:.3f}\n")
     os.replace(part, path)

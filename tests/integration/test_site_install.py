@@ -106,7 +106,9 @@ def _wait_for_sampler(job: str, timeout: float = 60) -> list[str]:
                 parts = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if "slurm_gpu_eff.node.sampler" in parts and job in parts:
+            # The hook starts it through setsid, whose own command line names the same
+            # arguments until it execs the interpreter: wait for the interpreter.
+            if "slurm_gpu_eff.node.sampler" in parts and job in parts and Path(parts[0]).name != "setsid":
                 return parts
         time.sleep(0.1)
     raise AssertionError(f"no sampler for job {job} within {timeout:g} s")

@@ -109,3 +109,14 @@ def test_a_directory_that_is_not_a_link_opens(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError):
         spool.open_folder(str(tmp_path / "file"))
+
+
+def test_the_sampler_s_pid_file_is_never_written_through_a_planted_link(tmp_path: Path, victim: Path) -> None:
+    from slurm_gpu_eff.node.hooks import PID_FILE, write_pid
+
+    planted = tmp_path / f"{PID_FILE}.4242.part"
+    planted.symlink_to(victim)
+    write_pid(str(tmp_path), 4242, 1000.0)
+    assert victim.read_text() == "precious\n"
+    pid_file = tmp_path / PID_FILE
+    assert not pid_file.is_symlink() and pid_file.read_text() == "4242 1000.000\n"
