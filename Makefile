@@ -24,7 +24,7 @@ STANDIN := build/nvml/current/libnvidia-ml.so.1
 RESULTS := build/test-results
 TEST_PARTS = $(shell bash scripts/test-pass.sh --parts)
 
-.PHONY: demo test cluster cluster-down cluster-env deps venv lint unit integration bench docs gpu-check
+.PHONY: demo test cluster cluster-down cluster-env deps venv lint unit integration soak bench docs gpu-check
 
 demo: cluster
 	@$(PY) scripts/demo.py
@@ -90,6 +90,14 @@ unit: venv
 
 integration: cluster
 	GPUEFF_REQUIRE_CLUSTER=1 bash scripts/test-pass.sh "" tests/integration
+
+# The fault-injection soak (issue 20): SOAK_JOBS jobs of mixed shapes with the idle policy
+# on, while faults are injected from SOAK_SEED; about 15 minutes for 200. Not in `make test`.
+SOAK_JOBS ?= 200
+SOAK_SEED ?= 20261126
+soak: cluster
+	GPUEFF_REQUIRE_CLUSTER=1 GPUEFF_SOAK_JOBS=$(SOAK_JOBS) GPUEFF_SOAK_SEED=$(SOAK_SEED) \
+	  $(PYTEST) -s tests/integration/test_soak.py
 
 bench: venv
 	$(PY) bench/run.py

@@ -11,6 +11,7 @@
 #                       environment and the project's commands (sbatch, sacct, gpueff,
 #                       gpueff-sim, the release's seff, ...) on PATH
 #   cluster.sh status   which daemons run, the store's engine, and sinfo
+#   cluster.sh restart slurmctld|slurmdbd   stop a daemon and start it again (the soak's fault)
 #   cluster.sh store sqlite|postgresql
 #                       switch a running cluster's store engine: the hooks and gpueff
 #                       read gpueff.toml at every run, so the next epilog delivers there
@@ -903,6 +904,16 @@ cmd_up() {
   say "use it with: $0 as USER COMMAND...$([ -n "$ROOT" ] || echo " (or eval \"\$($0 env)\")")"
 }
 
+# A daemon stopped and started again, as an admin's restart does (the soak's fault).
+cmd_restart() {
+  require_root
+  case $1 in
+  slurmctld) stop_procs slurmctld && ensure slurmctld "$LOG/slurmctld.log" 30 slurmctld_ok start_slurmctld slurmctld ;;
+  slurmdbd) stop_procs slurmdbd && ensure slurmdbd "$LOG/slurmdbd.log" 30 slurmdbd_ok start_slurmdbd slurmdbd ;;
+  *) die "restart takes slurmctld or slurmdbd, not '$1'" ;;
+  esac
+}
+
 # ---------------------------------------------------------------- down, env, status
 
 # Let slurmstepd end running jobs properly, while slurmctld can still tell it to.
@@ -1076,8 +1087,12 @@ main() {
     [ $# -eq 2 ] || { echo "usage: $0 store sqlite|postgresql" >&2; exit 2; }
     cmd_store "$2"
     ;;
+  restart)
+    [ $# -eq 2 ] || { echo "usage: $0 restart slurmctld|slurmdbd" >&2; exit 2; }
+    cmd_restart "$2"
+    ;;
   *)
-    echo "usage: $0 up|down|env|status|as USER CMD...|store sqlite|postgresql" >&2
+    echo "usage: $0 up|down|env|status|as USER CMD...|store sqlite|postgresql|restart slurmctld|slurmdbd" >&2
     exit 2
     ;;
   esac
