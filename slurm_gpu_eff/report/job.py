@@ -12,7 +12,7 @@ from ..hostlist import expand_hostlist
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
 from ..slurm import SlurmJob
 from .hints import HintSettings, evaluate, verdict
-from .shapes import GpuLine, GroupReport, JobReport, clock
+from .shapes import GpuLine, GroupReport, JobReport, clock, shared_with_shown, with_another_job
 
 
 def build_group(
@@ -109,15 +109,7 @@ def build_report(
     for g in gpus:
         notes.extend(f"{g.node} GPU {g.minor}: {e}" for e in g.errors)
         if g.shared_fraction:
-            own = g.metric("own_util")
-            notes.append(
-                f"{g.node} GPU {g.minor} was shared with "
-                f"{', '.join(g.summary.shared_with if g.summary else []) or 'other work'} "
-                f"{100 * g.shared_fraction:.0f}% of the time: "
-                + ("its figures are the whole GPU's" if own is None else
-                   f"this job's own processes kept it {own:.1f}% busy (the whole GPU: "
-                   f"{g.metric('util') or 0:.1f}%); power and energy are the whole GPU's")
-            )
+            notes.append(_shared_note(g))
     binding = {s.node: s.binding for s in summaries if s.binding}
     for node, check in binding.items():
         if check.get("status") == "mismatch":
@@ -132,6 +124,18 @@ def build_report(
     report.hints = evaluate(report, settings)
     report.verdict = verdict(report, report.hints)
     return report
+
+
+def _shared_note(g: GpuLine) -> str:
+    """A shared GPU, told without naming the other job or giving away its figures."""
+    others = g.summary.shared_with if g.summary else []
+    own = g.metric("own_util")
+    whole = "" if with_another_job(others) else f" (the whole GPU: {g.metric('util') or 0:.1f}%)"
+    return (f"{g.node} GPU {g.minor} was shared with {', '.join(shared_with_shown(others)) or 'other work'} "
+            f"{100 * g.shared_fraction:.0f}% of the time: "
+            + ("its figures are the whole GPU's" if own is None else
+               f"this job's own processes kept it {own:.1f}% busy{whole}; power and energy are the "
+               "whole GPU's"))
 
 
 def _status(job: SlurmJob, summaries: list[NodeSummary], missing_nodes: list[str]) -> str:

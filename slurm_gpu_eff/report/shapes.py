@@ -22,6 +22,19 @@ METRICS = (
 )
 
 
+ANOTHER_JOB = "another job"
+
+
+def with_another_job(shared_with: list[str]) -> bool:
+    return any(name.startswith("job ") for name in shared_with)
+
+
+def shared_with_shown(shared_with: list[str]) -> list[str]:
+    """Whom a GPU was shared with, as the job's owner may read it: another job is never
+    named (its id, with sacct, gives its user and account, which PrivateData hides)."""
+    return sorted({ANOTHER_JOB if name.startswith("job ") else name for name in shared_with})
+
+
 @dataclass
 class GpuLine:
     node: str
@@ -108,9 +121,12 @@ class GpuLine:
             },
             xid_events=g.xid_events, ecc_uncorrected=g.ecc_uncorrected,
             processes_max=g.processes_max, never_used=self.never_used, lost_at=g.lost_at,
-            shared_fraction=self.shared_fraction, shared_with=g.shared_with,
-            util_whole_mean=g.metric("util"),
-            mem_used_whole_max_bytes=g.metric("mem_used_bytes", "max"),
+            shared_fraction=self.shared_fraction, shared_with=shared_with_shown(g.shared_with),
+            # With another job on the GPU, the whole GPU's figures less this job's own are
+            # that job's: not for this job's owner to read (PrivateData=jobs)
+            util_whole_mean=None if with_another_job(g.shared_with) else g.metric("util"),
+            mem_used_whole_max_bytes=(None if with_another_job(g.shared_with)
+                                      else g.metric("mem_used_bytes", "max")),
             own_util_mean=self.metric("own_util"),
             own_mem_used_max_bytes=self.metric("own_mem_used_bytes", "max"),
             hardware_faults=self.hardware_faults, timeline=g.timeline,
