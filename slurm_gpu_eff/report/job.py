@@ -132,7 +132,7 @@ def _shared_note(g: GpuLine) -> str:
     own = g.metric("own_util")
     whole = "" if with_another_job(others) else f" (the whole GPU: {g.metric('util') or 0:.1f}%)"
     return (f"{g.node} GPU {g.minor} was shared with {', '.join(shared_with_shown(others)) or 'other work'} "
-            f"{100 * g.shared_fraction:.0f}% of the time: "
+            f"{100 * (g.shared_fraction or 0.0):.0f}% of the time: "
             + ("its figures are the whole GPU's" if own is None else
                f"this job's own processes kept it {own:.1f}% busy{whole}; power and energy are the "
                "whole GPU's"))
