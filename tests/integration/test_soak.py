@@ -26,7 +26,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,7 +79,7 @@ class Job:
     names: list[str] = field(default_factory=list)  # the ids its mails name (1234_7 for a task)
     state: str = ""
     started: float = 0.0
-    nodes: list[str] = field(default_factory=list)
+    nodes: dict[str, list[str]] = field(default_factory=dict)  # each run's nodes
     hit: list[str] = field(default_factory=list)  # faults aimed at this job alone
 
     @property
@@ -108,6 +107,8 @@ class Soak:
         self.honest = cluster.write("soak-honest.toml", cluster.config_file.read_text())
         self.drained: list[str] = []
         self.liar_windows: list[tuple[float, float]] = []
+        self.killed: set[str] = set()  # runs whose sampler was SIGKILLed on a node
+        self.stepped: list[str] = []  # runs whose samplers saw the wall clock step
 
     # --- the jobs ------------------------------------------------------------------------
 
@@ -147,10 +148,14 @@ class Soak:
         self.jobs.append(planned)
         return planned
 
-    def running(self) -> list[Job]:
-        out = self.cluster.run(["squeue", "-h", "-t", "R", "-o", "%i|%A"]).out
-        raw = {line.split("|")[1] for line in out.split()}
-        return [j for j in self.jobs if j.submitted in raw]
+    def running(self) -> list[tuple[str, list[str]]]:
+        """(raw job id, its nodes) of every running job."""
+        out = self.cluster.run(["squeue", "-h", "-t", "R", "-o", "%A|%N"]).out
+        found = []
+        for line in out.split():
+            raw, nodelist = line.split("|")
+            found.append((raw, self.cluster.run(["scontrol", "show", "hostnames", nodelist]).out.split()))
+        return found
 
     def queued(self) -> int:
         return len([line for line in self.cluster.run(["squeue", "-h", "-o", "%A"]).out.split() if line])
@@ -164,15 +169,18 @@ class Soak:
         self.faults.append(Fault(name, began, time.time(), detail))
 
     def kill_sampler(self) -> str:
-        victims = self.running()
+        victims = sorted(self.running())
         if not victims:
             return "no job running"
-        job = self.rng.choice(victims)
-        for pid in sampler_pids(job.submitted):
+        raw, nodes = self.rng.choice(victims)
+        node = self.rng.choice(nodes)
+        try:  # the prolog's pid file: "PID STARTED"
+            pid = int((self.cluster.spool(node) / "jobs" / raw / "sampler.pid").read_text().split()[0])
             os.kill(pid, signal.SIGKILL)
-            job.hit.append("sampler killed")
-            return f"job {job.submitted}: sampler {pid}"
-        return f"job {job.submitted}: no sampler found"
+        except (OSError, ValueError, IndexError) as exc:
+            return f"job {raw} on {node}: no sampler to kill ({exc})"
+        self.killed.add(raw)
+        return f"job {raw} on {node}: sampler {pid}"
 
     def with_config(self, change: Callable[[str], str], seconds: float) -> None:
         conf = self.cluster.config_file
@@ -220,7 +228,9 @@ class Soak:
     def clock_step(self) -> str:
         """The samplers' wall clock an hour ahead for 20 s, then back."""
         offset = self.cluster.write("soak-clock-offset", "3600\n")
+        self.stepped += [raw for raw, _ in self.running()]
         self.with_config(lambda text: with_settings(text, "sim", {"clock_offset_file": str(offset)}), 20)
+        self.stepped += [raw for raw, _ in self.running()]  # and those whose sampler started meanwhile
         return "+3600 s for 20 s"
 
     def watch_nodes(self) -> None:
@@ -246,25 +256,13 @@ class Soak:
                 job.names.append(shown)
                 job.state = state.split()[0]
                 job.started = time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
-                out = self.cluster.run(["scontrol", "show", "hostnames", nodelist]).out
-                job.nodes = sorted(set(job.nodes) | set(out.split()))
+                job.nodes[raw] = self.cluster.run(["scontrol", "show", "hostnames", nodelist]).out.split()
+                if raw in self.killed:
+                    job.hit.append(f"sampler of {raw} killed")
+                if raw in self.stepped:
+                    job.hit.append(f"{raw} saw a clock step")
             if any(a <= job.started <= b for a, b in self.liar_windows):
                 job.hit.append("lying gres map")
-
-
-def sampler_pids(job_id: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parts = (entry / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        if "slurm_gpu_eff.node.sampler" in parts and Path(parts[0]).name != "setsid" and any(
-                p.rstrip("/").endswith(f"/jobs/{job_id}") for p in parts):
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture
@@ -346,8 +344,8 @@ def test_the_soak(cluster: Cluster, smtp: Server, soak_policy: None) -> None:
             figures["mailed_twice"].append((job.submitted, dict(got)))
         for raw in job.ids:
             stored = set(cluster.summaries(raw))
-            if not set(job.nodes) <= stored:
-                figures["summaries_lost"].append((raw, job.kind, sorted(stored), job.nodes))
+            if not set(job.nodes[raw]) <= stored:
+                figures["summaries_lost"].append((raw, job.kind, sorted(stored), job.nodes[raw]))
     figures["faults_injected"] = [asdict(f) for f in soak.faults]
     out = REPO / "build" / f"soak-{SEED}.json"
     out.parent.mkdir(exist_ok=True)
