@@ -127,6 +127,15 @@ class Reading:
     def processes(self) -> int | None:
         return None if self.pids is None else len(self.pids)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing read at all (every NVML call of the poll failed): no time measured."""
+        return (self.util is None and self.mem_used_bytes is None and self.power_w is None
+                and self.pids is None and not self.gpm and not self.util_samples
+                and self.mem_util is None and self.energy_mj is None and self.temp_c is None
+                and self.sm_clock_mhz is None and self.throttle_mask is None
+                and self.ecc_uncorrected is None and self.process_sm is None)
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -155,7 +164,8 @@ class Gpu:
             nvml.NVMLError_ArgumentVersionMismatch, nvml.NVMLLibraryMismatchError,
         )
         self.unsupported: set[str] = set()
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # each kind once, in the order they first came
+        self.error_counts: dict[str, int] = {}  # how often each came
         self.name = self._call("nvmlDeviceGetName")
         self.plan: list[PlannedRead] = []
         for figure in (MIG_READS if self.is_mig else POLL_READS):
@@ -214,9 +224,21 @@ class Gpu:
         return GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost")
 
     def _note(self, what: str, exc: Exception) -> None:
-        """An error that cost a reading, not the figure: kept for the summary (a few)."""
-        if len(self.errors) < 20:
-            self.errors.append(f"{what}: {exc}")
+        """An error that cost a reading, not the figure: kept for the summary, each kind
+        once with how often it came (NVML failing for minutes is a few lines, not the
+        first polls' repeats)."""
+        message = f"{what}: {exc}"
+        counts = self.error_counts
+        if message in counts:
+            counts[message] += 1
+        elif len(self.errors) < 20:
+            self.errors.append(message)
+            counts[message] = 1
+
+    def error_lines(self) -> list[str]:
+        """The errors as the summary tells them: with their count where they came again."""
+        counts = self.error_counts
+        return [f"{e} ({n} times)" if (n := counts.get(e, 1)) > 1 else e for e in self.errors]
 
     def _plan(self, figure: str, first: int) -> PlannedRead | None:
         """The first of a figure's calls, from `first` on, that this GPU is not known to lack."""

@@ -61,8 +61,12 @@ class GpuStats:
             gap: bool = False) -> None:
         """`seconds`: the time the reading stands for on the driver's clock; `measured_s`:
         the same on the monotonic clock (None: `seconds`), which the idle stretch counts;
-        `gap`: no reading covered that time (the sampler was stopped)."""
+        `gap`: no reading covered that time (the sampler was stopped). A poll that read
+        nothing (NVML failing) is no time sampled, and ends an idle stretch."""
         # Once a GPU a poll: what it costs is the sampler's own overhead (make bench).
+        if reading.util is None and reading.empty:  # util first: one test in the usual case
+            self._add_idle(reading.time, seconds if measured_s is None else measured_s, None, gap)
+            return
         self.samples += 1
         self.seconds += seconds
         util = self._series("util", reading.util_samples, reading.util, seconds, self.histogram)
@@ -244,7 +248,7 @@ class GpuStats:
             samples=self.samples, sampled_s=round(self.seconds, 3),
             metrics={k: s.to_dict() for k, s in self.stats.items() if s.samples},
             energy_j=energy_j, energy_source=source,
-            errors=(gpu.errors + self.errors)[:20],
+            errors=(gpu.error_lines() + self.errors)[:20],
             util_source=self.util_source, gpm=gpu.gpm is not None,
             util_histogram_s=[round(x, 3) for x in histogram.seconds] if measured else None,
             idle_s=round(histogram.idle_s, 3) if measured else None,
