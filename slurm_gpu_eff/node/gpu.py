@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ..config import Config, driver_clock
+from ..config import Config, sampler_clock
 from ..errors import BindingError, GpuAccessError, GpuLost
 
 
@@ -490,10 +490,10 @@ def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -
 class GpuSession:
     """NVML, opened for the lifetime of one job's sampler, closed at its end."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, node: str = "") -> None:
         self.nvml = load_nvml(config)
         self.time_scale = config.sim_time_scale
-        self.clock: Callable[[], float] = driver_clock(config)
+        self.clock: Callable[[], float] = sampler_clock(config, node)
         self.gpus: list[Gpu] = []
         self.others: list[tuple[int, str, Any]] = []  # the node's GPUs not bound: (minor, uuid, handle)
         self.unlisted = 0  # the node's GPUs NVML could not name at binding (not in `others`)

@@ -294,7 +294,7 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
     session = None
     sampler: Sampler | None = None
     try:
-        session = GpuSession(config)
+        session = GpuSession(config, job.node)
         # The node's GPU map, renewed here (as root) only when slurmd or its config changed:
         # slurmd -G per job would disturb every other job of the node (Slurm 24.11+). GPUs
         # slurmd lists without device files raise BindingError: "cannot sample", below.
