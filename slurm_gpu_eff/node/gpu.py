@@ -143,11 +143,14 @@ def _text(value: Any) -> str:
 
 class Gpu:
     """One NVML device (or MIG instance) bound to a job, read through a cache of what it
-    cannot do."""
+    cannot do. Readings are dated by `clock` (the driver's: the wall clock, which may
+    step) and the time between two of them measured on `steady` (the monotonic clock in
+    the driver clock's seconds; by default `clock`)."""
 
     def __init__(
         self, nvml: ModuleType, handle: Any, index: int, minor: int, uuid: str,
         clock: Callable[[], float] = time.time, parent: Any = None, gi_id: int | None = None,
+        steady: Callable[[], float] | None = None,
     ) -> None:
         self.nvml = nvml
         self.handle = handle
@@ -155,6 +158,7 @@ class Gpu:
         self.minor = minor
         self.uuid = uuid
         self.clock = clock
+        self.steady = steady or clock
         self.parent = parent  # the whole GPU's handle, for a MIG instance
         self.is_mig = parent is not None
         self.gi_id = gi_id
@@ -184,13 +188,13 @@ class Gpu:
         self.bound_at = self.clock()
         # The driver's own timestamps, passed back as NVML asks: 0 takes what it has.
         self.process_since_us = 0
-        self.process_seen_at = self.bound_at  # when the driver last gave per-process samples
+        self.process_seen_at = self.steady()  # when the driver last gave per-process samples
         self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
         # None until the first call, which takes the driver's buffer as its baseline.
         self.last_sample_us: dict[int, int | None] = {
             GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
         }
-        self.gpm_taken_at = self.clock()
+        self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
         self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
 
@@ -325,7 +329,7 @@ class Gpu:
         """GPM's means since its last sample, and the seconds they cover."""
         if self.gpm is None:
             return None, 0.0
-        now = self.clock()
+        now = self.steady()
         covers = now - self.gpm_taken_at  # since the first sample of the pair was taken
         if covers <= GPM_MIN_INTERVAL_S:
             return {}, 0.0  # too close to the last GPM sample for NVML: next poll
@@ -407,7 +411,7 @@ class Gpu:
         found = self._call_quiet("nvmlDeviceGetProcessUtilization", self.process_since_us)
         if found is None:
             return None
-        now = self.clock()
+        now = self.steady()
         if found:
             self.process_seen_at = now
         elif now - self.process_seen_at < 1.5 * self.driver_period_s:
@@ -487,13 +491,24 @@ def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -
     return None
 
 
+def steady_clock(time_scale: float) -> Callable[[], float]:
+    """The monotonic clock in the driver clock's seconds: a simulation's run `time_scale`
+    times the wall clock's."""
+    if time_scale == 1:
+        return time.monotonic
+    return lambda: time.monotonic() * time_scale
+
+
 class GpuSession:
     """NVML, opened for the lifetime of one job's sampler, closed at its end."""
 
     def __init__(self, config: Config, node: str = "") -> None:
         self.nvml = load_nvml(config)
         self.time_scale = config.sim_time_scale
+        # Readings dated by the driver's clock (the wall clock: NTP may step it), the time
+        # between them measured on the monotonic clock, in the same (simulated) seconds.
         self.clock: Callable[[], float] = sampler_clock(config, node)
+        self.steady: Callable[[], float] = steady_clock(self.time_scale)
         self.gpus: list[Gpu] = []
         self.others: list[tuple[int, str, Any]] = []  # the node's GPUs not bound: (minor, uuid, handle)
         self.unlisted = 0  # the node's GPUs NVML could not name at binding (not in `others`)
@@ -559,12 +574,12 @@ class GpuSession:
             if target not in by_minor:
                 raise BindingError(f"no GPU with minor number {target} (Slurm index {item}) here")
             handle, uuid = by_minor[target]
-            return Gpu(self.nvml, handle, int(item), target, uuid, self.clock)
+            return Gpu(self.nvml, handle, int(item), target, uuid, self.clock, steady=self.steady)
         if target not in by_uuid:
             raise BindingError(f"no GPU or MIG instance with UUID {target} on this node")
         handle, minor, parent, gi_id = by_uuid[target]
         index = item if isinstance(item, int) else minor
-        gpu = Gpu(self.nvml, handle, index, minor, target, self.clock, parent, gi_id)
+        gpu = Gpu(self.nvml, handle, index, minor, target, self.clock, parent, gi_id, self.steady)
         gpu.parent_uuid = by_minor[minor][1] if parent is not None else None
         return gpu
 

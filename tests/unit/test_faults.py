@@ -1,13 +1,15 @@
 """Issue 20's soak faults, each through the real sampler (node/sampler.py, gpustats.py,
 gpu.py) over the real pynvml and the stand-in libnvidia-ml.so.1 (the `sim_node` fixture:
-its clock is the test's)."""
+its clock is the test's): NVML errors for minutes on a GPU (a profile's `nvml_error`
+phase), a clock step seen by one sampler ([sim] clock_offset_file)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from slurm_gpu_eff.config import Config
+from slurm_gpu_eff.config import Config, SteppedClock
 from slurm_gpu_eff.node.jobenv import JobContext
 from slurm_gpu_eff.node.sampler import Sampler
 
@@ -63,3 +65,55 @@ def test_nvml_errors_for_minutes_cost_readings_not_the_gpu_and_add_no_idle_time(
     for line in summary.errors:  # one line a call, the count of polls it failed in
         assert re.fullmatch(r"(nvmlDevice\w+|GPM): Unknown Error \((180|360) times\)", line), line
     assert "nvmlDeviceGetPowerUsage: Unknown Error (180 times)" in summary.errors
+
+
+def test_a_clock_step_seen_by_one_sampler_moves_its_dates_not_its_figures(
+    sim_node: Any, tmp_path: Path,
+) -> None:
+    """[sim] clock_offset_file steps the sampler's wall clock an hour ahead, then two hours
+    back, then to the truth, a minute apart; the driver (the stand-in's clock) and the
+    monotonic clock go on. Every reading stands for its poll's measured second: 240 s
+    sampled in 4 minutes, GPM, power and energy whole, the idle stretch 240 s (by the
+    wall it looked over an hour: past a 5-minute alert line), the timeline 24 buckets.
+    The window's end follows the wall clock forward and never goes back (it would end
+    before it began). Before: the poll after the step stood for an hour (sampled_s 3720
+    after it, power and GPM weighted by it), the window ended two hours before it began,
+    GPM read nothing until the wall clock caught up, and the timeline grew an hour of
+    empty buckets."""
+    forever = 100_000
+    sim_node.write_state(0, {"phases": [{"seconds": forever, "gpus": {"*": {"util": 0, "power_w": 100}}}]},
+                         started_at=BOOT + 1000.0)
+    busy = {"util": 80, "sm_active": 70, "power_w": 300}
+    sim_node.write_state(2, {"phases": [{"seconds": forever, "gpus": {"*": busy}}]}, started_at=BOOT + 1000.0)
+    offset = tmp_path / "offset"
+    mono = [500.0]
+    session = sim_node.session()  # its monotonic clock: the test's (sim_node.now), never stepped
+    session.clock = SteppedClock(sim_node.clock, str(offset), lambda: mono[0])
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(idle_alert_min=5), session.bind([0, 2]),
+                      clock=session.clock, monotonic=lambda: mono[0])
+    untils = []
+    for step in (None, "3600", "-3600", "0"):
+        if step is not None:
+            offset.write_text(step)
+        for _ in range(60):
+            sim_node.now += 1.0
+            mono[0] += 1.0
+            sampler.sample_once()
+            assert sampler.idle_level() == 0
+            untils.append(sampler.sampled_until)
+    assert untils == sorted(untils) and untils[59] == BOOT + 1060.0 and untils[60] == BOOT + 4661.0
+    summary = sampler.snapshot("running")
+    assert (summary.sampled_from, summary.sampled_until) == (BOOT + 1000.0, BOOT + 4720.0)
+    idle, busy_gpu = summary.gpus
+    for gpu in (idle, busy_gpu):
+        assert (gpu.samples, gpu.sampled_s) == (240, 240.0)
+        assert gpu.metrics["power_w"]["seconds"] == 240.0
+        assert len(gpu.timeline["points"]) == 24 and gpu.timeline["bucket_s"] == 10.0
+        assert gpu.errors == []
+    assert idle.idle_now == {"since": BOOT + 1000.0, "seconds": 240.0}
+    assert idle.idle_longest == {"from_s": 0.0, "seconds": 240.0}
+    sm = busy_gpu.metrics["sm_active"]
+    assert (sm["mean"], sm["seconds"]) == (70.0, 240.0)
+    util = busy_gpu.metrics["util"]
+    assert (util["mean"], util["seconds"]) == (80.0, 240.0)  # the driver's samples: its own clock
+    assert (busy_gpu.energy_j, busy_gpu.energy_source) == (300.0 * 240, "counter")
