@@ -95,6 +95,7 @@ NVML_SUCCESS = 0
 # longest. Per-process samples come once a period: a poll sooner after the last one that
 # had some learns nothing, rather than "idle".
 DRIVER_PERIOD_S = 1.0
+CLOCK_BACK_US = 1_000_000  # the clock this far before a driver's sample: it was stepped back
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 
@@ -190,9 +191,12 @@ class Gpu:
         self.process_since_us = 0
         self.process_seen_at = self.steady()  # when the driver last gave per-process samples
         self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
-        # None until the first call, which takes the driver's buffer as its baseline.
+        # The job's samples are the driver's after its newest at binding, told apart by the
+        # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
+        # where binding could not tell: the first poll's call decides (_baseline).
         self.last_sample_us: dict[int, int | None] = {
-            GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
+            kind: self._newest_sample_us(kind)
+            for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
         }
         self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
@@ -363,15 +367,16 @@ class Gpu:
         try:
             _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
         except nvml.NVMLError_NotFound:
-            return []  # nothing newer yet
+            return self._none_newer(kind, last)
         except nvml.NVMLError_GpuIsLost as exc:
             raise self._lost() from exc
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
             self.unsupported.add("nvmlDeviceGetSamples")
             return None
         except nvml.NVMLError as exc:
-            if exc.value != NVML_SUCCESS:  # SUCCESS: none new
-                self._note("nvmlDeviceGetSamples", exc)
+            if exc.value == NVML_SUCCESS:  # none new
+                return self._none_newer(kind, last)
+            self._note("nvmlDeviceGetSamples", exc)
             return []
         # The header promises no order: sort by the driver's timestamp.
         found = sorted((int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples)
@@ -396,6 +401,37 @@ class Gpu:
         self.last_sample_us[kind] = last
         return out
 
+    def _newest_sample_us(self, kind: int) -> int | None:
+        """The driver's newest sample's timestamp (0: it has none, so every one to come is
+        newer); None when it cannot say (not supported, an error)."""
+        if self.is_mig or "nvmlDeviceGetSamples" in self.unsupported:
+            return None
+        nvml = self.nvml
+        try:
+            _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, 0)
+        except nvml.NVMLError_NotFound:
+            return 0
+        except nvml.NVMLError as exc:
+            return 0 if exc.value == NVML_SUCCESS else None
+        return max((int(s.timeStamp) for s in samples), default=0)
+
+    def _none_newer(self, kind: int, last: int | None) -> list[tuple[float, float]]:
+        """The driver has nothing newer than `last`. Where the clock now reads before that
+        sample, it may have been stepped back (NTP), the driver's timestamps with it: if
+        the driver's newest sample is older than `last` too, the samples go on from that
+        one at the next poll (this poll's rate stands in), rather than none until the
+        clock is back where it was."""
+        if last and self._before(last):
+            newest = self._newest_sample_us(kind)
+            if newest is not None and newest < last:
+                self.last_sample_us[kind] = newest
+        return []
+
+    def _before(self, stamp_us: int) -> bool:
+        """The clock reads more than a second before the driver's timestamp `stamp_us`:
+        an epoch timestamp from before a step back (a boot-clock driver's never is)."""
+        return self.clock() * 1e6 < stamp_us - CLOCK_BACK_US
+
     def _baseline(self, stamps: list[int]) -> int:
         """Where the job's samples begin. The driver's timestamps are epoch microseconds:
         keep what came after binding. Should a driver count from elsewhere, start from
@@ -409,6 +445,11 @@ class Gpu:
         """SM utilisation per process in the driver's last sample period (NVML reports
         one sample per process that was busy then), to split a shared GPU by job."""
         found = self._call_quiet("nvmlDeviceGetProcessUtilization", self.process_since_us)
+        if found == [] and self.process_since_us and self._before(self.process_since_us):
+            # The clock was stepped back past the last sample: is the driver's newest older?
+            again = self._call_quiet("nvmlDeviceGetProcessUtilization", 0)
+            if again and max(int(s.timeStamp) for s in again) < self.process_since_us:
+                self.process_since_us, found = 0, again  # from the driver's newest on
         if found is None:
             return None
         now = self.steady()

@@ -5,11 +5,15 @@ phase), a clock step seen by one sampler ([sim] clock_offset_file)."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slurm_gpu_eff.config import Config, SteppedClock
+from slurm_gpu_eff.node import gpustats
 from slurm_gpu_eff.node.jobenv import JobContext
 from slurm_gpu_eff.node.sampler import Sampler
 
@@ -117,3 +121,59 @@ def test_a_clock_step_seen_by_one_sampler_moves_its_dates_not_its_figures(
     util = busy_gpu.metrics["util"]
     assert (util["mean"], util["seconds"]) == (80.0, 240.0)  # the driver's samples: its own clock
     assert (busy_gpu.energy_j, busy_gpu.energy_source) == (300.0 * 240, "counter")
+
+
+@pytest.mark.parametrize("offset", ["-3600", "3600"])
+def test_a_sampler_whose_clock_is_not_the_driver_s_at_binding_takes_the_job_s_samples_only(
+    sim_node: Any, tmp_path: Path, offset: str,
+) -> None:
+    """The offset file written before the job: the sampler binds an hour off the driver's
+    clock. Its samples begin after the driver's newest at binding, by the driver's own
+    timestamps. Before, an hour behind, the first poll took the driver's whole buffer of
+    the time before the job (a GPU at 80% read 6% over 129 s); an hour ahead, it took no
+    sample for that hour (the utilisation rate stood in)."""
+    sim_node.write_state(2, {"phases": [{"seconds": 100_000, "gpus": {"*": {"util": 80}}}]},
+                         started_at=sim_node.now)
+    (tmp_path / "offset").write_text(offset)
+    mono = [500.0]
+    session = sim_node.session()
+    session.clock = SteppedClock(sim_node.clock, str(tmp_path / "offset"), lambda: mono[0])
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([2]),
+                      clock=session.clock, monotonic=lambda: mono[0])
+    for _ in range(10):
+        sim_node.now += 1.0
+        mono[0] += 1.0
+        sampler.sample_once()
+    gpu = sampler.snapshot("running").gpus[0]
+    util = gpu.metrics["util"]
+    assert (gpu.util_source, util["mean"], util["seconds"], gpu.sampled_s) == ("samples", 80.0, 10.0, 10.0)
+
+
+def test_a_machine_clock_stepped_back_costs_no_samples_and_no_share_of_a_shared_gpu(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NTP steps the machine's clock (the driver's timestamps with it) 10 minutes back on
+    a GPU this job shares with another: the driver's new samples all read older than the
+    last one seen. Its newest is taken as the new start: the next poll has samples again,
+    and the job's own share stays its 60%. Before, nothing was newer for 10 minutes: the
+    utilisation came from the rate, and the job's own share read 0 (30% over 2 minutes)."""
+    monkeypatch.setattr(gpustats, "job_of_pid", lambda pid: "9" if pid == os.getpid() else "77")
+    shared = {"util": 60, "shared_util": 20, "power_w": 300}  # 80% in all, 60% the job's
+    sim_node.write_state(2, {"phases": [{"seconds": 100_000, "gpus": {"*": shared}}]},
+                         started_at=BOOT - 10_000.0, pid=os.getpid())
+    mono = [500.0]
+    session = sim_node.session()
+    session.steady = lambda: mono[0]
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([2]),
+                      clock=session.clock, monotonic=lambda: mono[0])
+    for step in (0.0, -600.0):
+        sim_node.now += step
+        for _ in range(60):
+            sim_node.now += 1.0
+            mono[0] += 1.0
+            sampler.sample_once()
+    gpu = sampler.snapshot("running").gpus[0]
+    assert gpu.sampled_s == 120.0 and gpu.metrics["util"]["mean"] == 80.0
+    assert gpu.metrics["util"]["seconds"] == 120.0  # 119 s of samples, and the poll's rate
+    own = gpu.metrics["own_util"]
+    assert (own["mean"], own["seconds"]) == (60.0, 119.0)  # the first poll: sharing seen
