@@ -526,7 +526,7 @@ def probe_nvml(gpu: GpuInfo, config_path: str | None = None) -> Probe:
     unsupported = set(bound.unsupported)
     if not has_gpm:
         unsupported.add("GPM")
-    return Probe(sorted(unsupported), list(bound.errors), has_gpm and got_gpm, xid_events(nvml, handle),
+    return Probe(sorted(unsupported), bound.error_lines(), has_gpm and got_gpm, xid_events(nvml, handle),
                  machine_runtime())
 
 

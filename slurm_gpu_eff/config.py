@@ -40,6 +40,9 @@ class Config:
         sim_devices: str = "",
         sim_state_dir: str = "",
         sim_time_scale: float = 1.0,  # simulated seconds per wall-clock second
+        # Tests only: a file holding seconds the node's samplers add to their wall clock (a
+        # clock step seen by a sampler, the machine's own clock untouched; %n: the node).
+        sim_clock_offset_file: str = "",
         interval_s: float = 1.0,
         checkpoint_s: float = 60.0,
         # How often a running job's figures reach the store: a copy is at most this old
@@ -150,6 +153,7 @@ class Config:
         self.sim_devices = sim_devices
         self.sim_state_dir = sim_state_dir
         self.sim_time_scale = sim_time_scale
+        self.sim_clock_offset_file = sim_clock_offset_file
         self.interval_s = interval_s
         self.checkpoint_s = checkpoint_s
         self.live_s = live_s
@@ -237,6 +241,7 @@ _KEYS = [
     ("sim", "devices", "sim_devices", str),
     ("sim", "state_dir", "sim_state_dir", str),
     ("sim", "time_scale", "sim_time_scale", float),
+    ("sim", "clock_offset_file", "sim_clock_offset_file", str),
     ("sampler", "interval_s", "interval_s", float),
     ("sampler", "checkpoint_s", "checkpoint_s", float),
     ("sampler", "live_s", "live_s", float),
@@ -477,3 +482,45 @@ def driver_clock(config: Config) -> Callable[[], float]:
     except OSError as exc:
         raise ConfigError(f"cannot read the simulated devices {config.sim_devices}: {exc.strerror}") from exc
     return lambda: boot + (time.time() - boot) * scale
+
+
+def sampler_clock(config: Config, node: str) -> Callable[[], float]:
+    """The clock node `node`'s samplers date their readings by: the driver's, stepped by
+    the seconds in `[sim] clock_offset_file` where a test names one (issue 20's soak steps
+    one node's samplers' wall clock that way, never the machine's). Not the in-job
+    workload's clock, which must stay the simulated driver's."""
+    clock = driver_clock(config)
+    if not config.sim_clock_offset_file:
+        return clock
+    return SteppedClock(clock, expand(config.sim_clock_offset_file, node))
+
+
+class SteppedClock:
+    """`clock` plus the number of seconds written in the file at `path` (a float), read
+    at most once a second of `monotonic`; a missing or unreadable file, or one that holds
+    no number (or one past 30 years either way) adds 0. Never raises: it is read in the
+    sampler's loop."""
+
+    def __init__(self, clock: Callable[[], float], path: str,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.path = path
+        self.monotonic = monotonic
+        self.offset = 0.0
+        self.read_at: float | None = None
+
+    def __call__(self) -> float:
+        now = self.monotonic()
+        if self.read_at is None or not 0 <= now - self.read_at < 1.0:
+            self.read_at = now
+            self.offset = self._read()
+        return self.clock() + self.offset
+
+    def _read(self) -> float:
+        try:
+            with open(self.path, "rb") as handle:
+                text = handle.read(65)
+            offset = float(text) if len(text) <= 64 else 0.0
+        except (OSError, ValueError):
+            return 0.0
+        return offset if abs(offset) < 1e9 else 0.0  # inf and nan too

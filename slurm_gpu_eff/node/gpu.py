@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ..config import Config, driver_clock
+from ..config import Config, sampler_clock
 from ..errors import BindingError, GpuAccessError, GpuLost
 
 
@@ -95,6 +95,7 @@ NVML_SUCCESS = 0
 # longest. Per-process samples come once a period: a poll sooner after the last one that
 # had some learns nothing, rather than "idle".
 DRIVER_PERIOD_S = 1.0
+CLOCK_BACK_US = 1_000_000  # the clock this far before a driver's sample: it was stepped back
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 
@@ -127,6 +128,15 @@ class Reading:
     def processes(self) -> int | None:
         return None if self.pids is None else len(self.pids)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing read at all (every NVML call of the poll failed): no time measured."""
+        return (self.util is None and self.mem_used_bytes is None and self.power_w is None
+                and self.pids is None and not self.gpm and not self.util_samples
+                and self.mem_util is None and self.energy_mj is None and self.temp_c is None
+                and self.sm_clock_mhz is None and self.throttle_mask is None
+                and self.ecc_uncorrected is None and self.process_sm is None)
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -134,11 +144,14 @@ def _text(value: Any) -> str:
 
 class Gpu:
     """One NVML device (or MIG instance) bound to a job, read through a cache of what it
-    cannot do."""
+    cannot do. Readings are dated by `clock` (the driver's: the wall clock, which may
+    step) and the time between two of them measured on `steady` (the monotonic clock in
+    the driver clock's seconds; by default `clock`)."""
 
     def __init__(
         self, nvml: ModuleType, handle: Any, index: int, minor: int, uuid: str,
         clock: Callable[[], float] = time.time, parent: Any = None, gi_id: int | None = None,
+        steady: Callable[[], float] | None = None,
     ) -> None:
         self.nvml = nvml
         self.handle = handle
@@ -146,6 +159,7 @@ class Gpu:
         self.minor = minor
         self.uuid = uuid
         self.clock = clock
+        self.steady = steady or clock
         self.parent = parent  # the whole GPU's handle, for a MIG instance
         self.is_mig = parent is not None
         self.gi_id = gi_id
@@ -155,7 +169,8 @@ class Gpu:
             nvml.NVMLError_ArgumentVersionMismatch, nvml.NVMLLibraryMismatchError,
         )
         self.unsupported: set[str] = set()
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # each kind once, in the order they first came
+        self.error_counts: dict[str, int] = {}  # how often each came
         self.name = self._call("nvmlDeviceGetName")
         self.plan: list[PlannedRead] = []
         for figure in (MIG_READS if self.is_mig else POLL_READS):
@@ -174,13 +189,16 @@ class Gpu:
         self.bound_at = self.clock()
         # The driver's own timestamps, passed back as NVML asks: 0 takes what it has.
         self.process_since_us = 0
-        self.process_seen_at = self.bound_at  # when the driver last gave per-process samples
+        self.process_seen_at = self.steady()  # when the driver last gave per-process samples
         self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
-        # None until the first call, which takes the driver's buffer as its baseline.
+        # The job's samples are the driver's after its newest at binding, told apart by the
+        # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
+        # where binding could not tell: the first poll's call decides (_baseline).
         self.last_sample_us: dict[int, int | None] = {
-            GPU_UTILIZATION_SAMPLES: None, MEMORY_UTILIZATION_SAMPLES: None,
+            kind: self._newest_sample_us(kind)
+            for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
         }
-        self.gpm_taken_at = self.clock()
+        self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
         self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
 
@@ -214,9 +232,21 @@ class Gpu:
         return GpuLost(f"GPU minor {self.minor} ({self.uuid}) is lost")
 
     def _note(self, what: str, exc: Exception) -> None:
-        """An error that cost a reading, not the figure: kept for the summary (a few)."""
-        if len(self.errors) < 20:
-            self.errors.append(f"{what}: {exc}")
+        """An error that cost a reading, not the figure: kept for the summary, each kind
+        once with how often it came (NVML failing for minutes is a few lines, not the
+        first polls' repeats)."""
+        message = f"{what}: {exc}"
+        counts = self.error_counts
+        if message in counts:
+            counts[message] += 1
+        elif len(self.errors) < 20:
+            self.errors.append(message)
+            counts[message] = 1
+
+    def error_lines(self) -> list[str]:
+        """The errors as the summary tells them: with their count where they came again."""
+        counts = self.error_counts
+        return [f"{e} ({n} times)" if (n := counts.get(e, 1)) > 1 else e for e in self.errors]
 
     def _plan(self, figure: str, first: int) -> PlannedRead | None:
         """The first of a figure's calls, from `first` on, that this GPU is not known to lack."""
@@ -303,7 +333,7 @@ class Gpu:
         """GPM's means since its last sample, and the seconds they cover."""
         if self.gpm is None:
             return None, 0.0
-        now = self.clock()
+        now = self.steady()
         covers = now - self.gpm_taken_at  # since the first sample of the pair was taken
         if covers <= GPM_MIN_INTERVAL_S:
             return {}, 0.0  # too close to the last GPM sample for NVML: next poll
@@ -337,15 +367,16 @@ class Gpu:
         try:
             _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
         except nvml.NVMLError_NotFound:
-            return []  # nothing newer yet
+            return self._none_newer(kind, last)
         except nvml.NVMLError_GpuIsLost as exc:
             raise self._lost() from exc
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
             self.unsupported.add("nvmlDeviceGetSamples")
             return None
         except nvml.NVMLError as exc:
-            if exc.value != NVML_SUCCESS:  # SUCCESS: none new
-                self._note("nvmlDeviceGetSamples", exc)
+            if exc.value == NVML_SUCCESS:  # none new
+                return self._none_newer(kind, last)
+            self._note("nvmlDeviceGetSamples", exc)
             return []
         # The header promises no order: sort by the driver's timestamp.
         found = sorted((int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples)
@@ -370,6 +401,37 @@ class Gpu:
         self.last_sample_us[kind] = last
         return out
 
+    def _newest_sample_us(self, kind: int) -> int | None:
+        """The driver's newest sample's timestamp (0: it has none, so every one to come is
+        newer); None when it cannot say (not supported, an error)."""
+        if self.is_mig or "nvmlDeviceGetSamples" in self.unsupported:
+            return None
+        nvml = self.nvml
+        try:
+            _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, 0)
+        except nvml.NVMLError_NotFound:
+            return 0
+        except nvml.NVMLError as exc:
+            return 0 if exc.value == NVML_SUCCESS else None
+        return max((int(s.timeStamp) for s in samples), default=0)
+
+    def _none_newer(self, kind: int, last: int | None) -> list[tuple[float, float]]:
+        """The driver has nothing newer than `last`. Where the clock now reads before that
+        sample, it may have been stepped back (NTP), the driver's timestamps with it: if
+        the driver's newest sample is older than `last` too, the samples go on from that
+        one at the next poll (this poll's rate stands in), rather than none until the
+        clock is back where it was."""
+        if last and self._before(last):
+            newest = self._newest_sample_us(kind)
+            if newest is not None and newest < last:
+                self.last_sample_us[kind] = newest
+        return []
+
+    def _before(self, stamp_us: int) -> bool:
+        """The clock reads more than a second before the driver's timestamp `stamp_us`:
+        an epoch timestamp from before a step back (a boot-clock driver's never is)."""
+        return self.clock() * 1e6 < stamp_us - CLOCK_BACK_US
+
     def _baseline(self, stamps: list[int]) -> int:
         """Where the job's samples begin. The driver's timestamps are epoch microseconds:
         keep what came after binding. Should a driver count from elsewhere, start from
@@ -383,9 +445,14 @@ class Gpu:
         """SM utilisation per process in the driver's last sample period (NVML reports
         one sample per process that was busy then), to split a shared GPU by job."""
         found = self._call_quiet("nvmlDeviceGetProcessUtilization", self.process_since_us)
+        if found == [] and self.process_since_us and self._before(self.process_since_us):
+            # The clock was stepped back past the last sample: is the driver's newest older?
+            again = self._call_quiet("nvmlDeviceGetProcessUtilization", 0)
+            if again and max(int(s.timeStamp) for s in again) < self.process_since_us:
+                self.process_since_us, found = 0, again  # from the driver's newest on
         if found is None:
             return None
-        now = self.clock()
+        now = self.steady()
         if found:
             self.process_seen_at = now
         elif now - self.process_seen_at < 1.5 * self.driver_period_s:
@@ -465,13 +532,24 @@ def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -
     return None
 
 
+def steady_clock(time_scale: float) -> Callable[[], float]:
+    """The monotonic clock in the driver clock's seconds: a simulation's run `time_scale`
+    times the wall clock's."""
+    if time_scale == 1:
+        return time.monotonic
+    return lambda: time.monotonic() * time_scale
+
+
 class GpuSession:
     """NVML, opened for the lifetime of one job's sampler, closed at its end."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, node: str = "") -> None:
         self.nvml = load_nvml(config)
         self.time_scale = config.sim_time_scale
-        self.clock: Callable[[], float] = driver_clock(config)
+        # Readings dated by the driver's clock (the wall clock: NTP may step it), the time
+        # between them measured on the monotonic clock, in the same (simulated) seconds.
+        self.clock: Callable[[], float] = sampler_clock(config, node)
+        self.steady: Callable[[], float] = steady_clock(self.time_scale)
         self.gpus: list[Gpu] = []
         self.others: list[tuple[int, str, Any]] = []  # the node's GPUs not bound: (minor, uuid, handle)
         self.unlisted = 0  # the node's GPUs NVML could not name at binding (not in `others`)
@@ -537,12 +615,12 @@ class GpuSession:
             if target not in by_minor:
                 raise BindingError(f"no GPU with minor number {target} (Slurm index {item}) here")
             handle, uuid = by_minor[target]
-            return Gpu(self.nvml, handle, int(item), target, uuid, self.clock)
+            return Gpu(self.nvml, handle, int(item), target, uuid, self.clock, steady=self.steady)
         if target not in by_uuid:
             raise BindingError(f"no GPU or MIG instance with UUID {target} on this node")
         handle, minor, parent, gi_id = by_uuid[target]
         index = item if isinstance(item, int) else minor
-        gpu = Gpu(self.nvml, handle, index, minor, target, self.clock, parent, gi_id)
+        gpu = Gpu(self.nvml, handle, index, minor, target, self.clock, parent, gi_id, self.steady)
         gpu.parent_uuid = by_minor[minor][1] if parent is not None else None
         return gpu
 

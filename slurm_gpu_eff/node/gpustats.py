@@ -28,10 +28,15 @@ class GpuStats:
         self.util_source: str | None = None
         self.histogram = Histogram()
         self.timeline = Timeline()
+        # Where the window began (the driver's clock), and the time since on the monotonic
+        # clock: where in the window a reading lies (timeline, longest stretch), whatever
+        # the wall clock did meanwhile.
+        self.first_at: float | None = None
+        self.elapsed = 0.0
         # The longest stretch of polls under the idle line: a mean hides a job that worked
         # for an hour and then idled for ten minutes. Offsets from the window's start.
-        self.first_at: float | None = None
         self.idle_from: float | None = None  # where the open stretch began (the driver's clock)
+        self.idle_from_s = 0.0  # the same, as an offset in the window
         self.idle_s = 0.0  # its measured length: what the idle policy cancels on
         self.idle_longest: tuple[float, float] | None = None  # (from, seconds)
         self.samples = 0
@@ -57,12 +62,15 @@ class GpuStats:
     def stat(self, name: str) -> Stat:
         return self.stats[name]
 
-    def add(self, reading: Reading, seconds: float, measured_s: float | None = None,
-            gap: bool = False) -> None:
-        """`seconds`: the time the reading stands for on the driver's clock; `measured_s`:
-        the same on the monotonic clock (None: `seconds`), which the idle stretch counts;
-        `gap`: no reading covered that time (the sampler was stopped)."""
+    def add(self, reading: Reading, seconds: float, gap: bool = False) -> None:
+        """`seconds`: the time the reading stands for, measured on the monotonic clock (in
+        the driver clock's seconds); `gap`: no reading covered that time (the sampler was
+        stopped). A poll that read nothing (NVML failing) is no time sampled, and ends an
+        idle stretch."""
         # Once a GPU a poll: what it costs is the sampler's own overhead (make bench).
+        if reading.util is None and reading.empty:  # util first: one test in the usual case
+            self._add_idle(reading.time, seconds, None, gap)
+            return
         self.samples += 1
         self.seconds += seconds
         util = self._series("util", reading.util_samples, reading.util, seconds, self.histogram)
@@ -85,30 +93,33 @@ class GpuStats:
         self._add_energy(reading.energy_mj)
         self._add_state(reading, seconds)
         self._add_sharing(reading, seconds)
-        self.timeline.add(
-            reading.time, seconds, util, gpm.get("sm_active") if gpm else None, power,
-            None if mem is None else mem / 1024**3,
-        )
-        self._add_idle(reading.time, seconds if measured_s is None else measured_s, util, gap)
+        place = self._add_idle(reading.time, seconds, util, gap)
+        self.timeline.add(place, seconds, util, gpm.get("sm_active") if gpm else None, power,
+                          None if mem is None else mem / 1024**3)
 
-    def _add_idle(self, at: float, seconds: float, util: float | None, gap: bool = False) -> None:
+    def _add_idle(self, at: float, seconds: float, util: float | None, gap: bool = False) -> float:
         """The stretch is the sum of the idle polls' measured seconds, never the distance
         between two clock readings: a wall-clock step (NTP) lengthens nothing, and a poll
         whose utilisation could not be read ends the stretch (no reading is no evidence
         of idleness, and the idle policy cancels jobs on this figure). After a `gap` an
-        idle poll begins a new stretch, the unread time not in it."""
+        idle poll begins a new stretch, the unread time not in it. Returns where in the
+        window the reading lies: its start on the driver's clock, plus the measured time
+        since (the wall clock's steps move no reading in the timeline)."""
         if self.first_at is None:
             self.first_at = at - seconds
+        self.elapsed += seconds
+        place = self.first_at + self.elapsed
         if gap:
             self.idle_from, self.idle_s, seconds = None, 0.0, 0.0
         if util is None or util >= Histogram.IDLE_BELOW:
             self.idle_from, self.idle_s = None, 0.0
-            return
+            return place
         if self.idle_from is None:
-            self.idle_from, self.idle_s = at - seconds, 0.0
+            self.idle_from, self.idle_from_s, self.idle_s = at - seconds, self.elapsed - seconds, 0.0
         self.idle_s += seconds
         if self.idle_longest is None or self.idle_s > self.idle_longest[1]:
-            self.idle_longest = (self.idle_from - self.first_at, self.idle_s)
+            self.idle_longest = (self.idle_from_s, self.idle_s)
+        return place
 
     def idle_now(self) -> tuple[float, float] | None:
         """The stretch under the idle line the GPU is in now: (since: the driver's clock,
@@ -244,7 +255,7 @@ class GpuStats:
             samples=self.samples, sampled_s=round(self.seconds, 3),
             metrics={k: s.to_dict() for k, s in self.stats.items() if s.samples},
             energy_j=energy_j, energy_source=source,
-            errors=(gpu.errors + self.errors)[:20],
+            errors=(gpu.error_lines() + self.errors)[:20],
             util_source=self.util_source, gpm=gpu.gpm is not None,
             util_histogram_s=[round(x, 3) for x in histogram.seconds] if measured else None,
             idle_s=round(histogram.idle_s, 3) if measured else None,

@@ -45,7 +45,10 @@ GAP_POLLS, GAP_MIN_S = 5, 30.0
 
 class Sampler:
     """Polls the job's GPUs. Times come from `clock` (the driver's clock: wall time, or
-    the simulation's, which may run faster); waits are in wall time, `time_scale` apart."""
+    the simulation's, which may run faster); the time between polls, which the readings
+    stand for, from `monotonic` (in the driver clock's seconds: times `time_scale`), so
+    that a step of the wall clock changes the dates only; waits are in wall time,
+    `time_scale` apart."""
 
     def __init__(
         self, job: JobContext, config: Config, gpus: list[Gpu],
@@ -75,18 +78,17 @@ class Sampler:
         # node: Slurm's and the store's setup run between).
         self.sampled_from: float | None = min((g.bound_at for g in gpus), default=None)
         self.sampled_until: float | None = None
-        self._last: float | None = self.sampled_from
-        self._last_mono: float | None = None  # the monotonic clock at the last reading
+        self._last_mono = monotonic()  # at the last reading; first, here (just after binding)
+        # The first poll stands for the time since binding: to here, then from here on.
+        self._to_here = 0.0 if self.sampled_from is None else max(0.0, self.started_at - self.sampled_from)
         self.export_failed = False
 
     def sample_once(self) -> None:
         now = self.clock()
         # A reading stands for the time since the one before (NVML's figures look back),
         # the first for the time since binding: the mean covers [binding, last reading].
-        seconds = 0.0 if self._last is None else max(0.0, now - self._last)
-        self._last = now
-        measured = self._measured(seconds)
-        gap = measured > max(GAP_POLLS * self.config.interval_s, GAP_MIN_S)
+        seconds = self._since_last()
+        gap = seconds > max(GAP_POLLS * self.config.interval_s, GAP_MIN_S)
         # Every GPU read first, then every reading added: the GPUs are read at one instant,
         # and each half runs with its code still warm from the GPU before (less CPU a poll).
         readings = []
@@ -99,7 +101,7 @@ class Sampler:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
         for stats, reading in readings:
-            stats.add(reading, seconds, measured, gap)
+            stats.add(reading, seconds, gap)
             if reading.pids and self.binding.wants(stats.gpu.minor, reading.pids):
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)
@@ -108,16 +110,20 @@ class Sampler:
             self.binding.node_scan(self.node_processes(), job_of_pid)
         self._verify()
         self.sampled_from = self.sampled_from or now
-        self.sampled_until = now
+        # Never back: a wall clock stepped back leaves the window where it was (it would
+        # end before it began, and the store keeps the copy sampled latest) until it
+        # catches up; stepped forward, the window's end moves with it.
+        self.sampled_until = now if self.sampled_until is None else max(self.sampled_until, now)
 
-    def _measured(self, seconds: float) -> float:
+    def _since_last(self) -> float:
         """The poll's span on the monotonic clock, in the driver clock's seconds (the
-        simulation's run `time_scale` faster): what an idle stretch counts, so that a step
-        of the wall clock never lengthens one. The first poll's span (from binding, which
-        has no monotonic reading) is the driver clock's."""
-        mono, last = self.monotonic(), self._last_mono
-        self._last_mono = mono
-        return seconds if last is None else max(0.0, mono - last) * self.time_scale
+        simulation's run `time_scale` faster): what the poll's readings and an idle
+        stretch count, so that a step of the wall clock (NTP) neither stretches a reading
+        over hours nor lengthens a stretch, nor makes a span negative."""
+        mono = self.monotonic()
+        span = max(0.0, mono - self._last_mono) * self.time_scale + self._to_here
+        self._last_mono, self._to_here = mono, 0.0
+        return span
 
     def _verify(self) -> None:
         """Now and then, the job's processes on the node's other GPUs, and its cgroup."""
@@ -294,7 +300,7 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
     session = None
     sampler: Sampler | None = None
     try:
-        session = GpuSession(config)
+        session = GpuSession(config, job.node)
         # The node's GPU map, renewed here (as root) only when slurmd or its config changed:
         # slurmd -G per job would disturb every other job of the node (Slurm 24.11+). GPUs
         # slurmd lists without device files raise BindingError: "cannot sample", below.

@@ -29,6 +29,8 @@ EVENT_FIELDS = {
     "processes": "number of compute processes on the GPU",
     "lost": "true: the GPU falls off the bus as the phase starts (NVML: GPU is lost)",
     "energy_reset": "true: the energy counter restarts from 0 as the phase starts",
+    "nvml_error": "true: while the phase runs, every NVML query on the GPU (and its MIG "
+                  "instances) but its identity fails with a passing error (NVML: Unknown Error)",
 }
 PERCENT_METRICS = {
     "util", "mem_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
@@ -203,6 +205,7 @@ def _event(where: str, name: str, value: Any) -> Any:
         "processes": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
         "lost": isinstance(value, bool),
         "energy_reset": isinstance(value, bool),
+        "nvml_error": isinstance(value, bool),
     }[name]
     if not ok:
         raise ProfileError(f"{where}: must be a {EVENT_FIELDS[name]}")

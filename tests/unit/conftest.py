@@ -208,9 +208,10 @@ class SimNode:
         os.utime(self.devices_file, (BOOT, BOOT))
 
     def session(self) -> GpuSession:
-        """A GPU session through the real pynvml, its clock the test's."""
+        """A GPU session through the real pynvml, its clocks the test's (the wall clock and
+        the monotonic one alike: a test that steps one sets them apart)."""
         session = GpuSession(self.config)
-        session.clock = self.clock
+        session.clock = session.steady = self.clock
         return session
 
     def write_state(

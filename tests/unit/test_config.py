@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_eff.config import _KEYS, Config, load_config, parse_config
+from slurm_gpu_eff.config import (
+    _KEYS,
+    Config,
+    SteppedClock,
+    driver_clock,
+    load_config,
+    parse_config,
+    sampler_clock,
+)
 from slurm_gpu_eff.errors import ConfigError
 from slurm_gpu_eff.report.hints import HintSettings
 from tests.configfile import toml, write_config
@@ -23,8 +31,7 @@ def test_the_example_config_names_every_setting_with_its_default() -> None:
         k: v for k, v in vars(defaults).items() if k != "path"}
     written = set(re.findall(r"^#? ?\[(\w+)\]", text, re.M))
     for section, key, _, _ in _KEYS:
-        if section != "sim":
-            assert section in written and re.search(rf"^#? ?{key} =", text, re.M), f"[{section}] {key}"
+        assert section in written and re.search(rf"^#? ?{key} =", text, re.M), f"[{section}] {key}"
 
 
 def load(tmp_path: Path, text: str) -> Config:
@@ -190,3 +197,33 @@ def test_exempt_names_as_a_toml_array_or_a_string(tmp_path: Path) -> None:
     assert parse_config('[mail]\nidle_exempt_accounts = "a,b"\n', "f").idle_exempt_accounts == "a,b"
     with pytest.raises(ConfigError, match="idle_exempt_users = \\[1\\]: must be a string"):
         parse_config("[mail]\nidle_exempt_users = [1]\n", "f")
+
+
+def test_a_test_s_clock_offset_file_steps_the_samplers_wall_clock_only(tmp_path: Path) -> None:
+    """[sim] clock_offset_file (tests only: issue 20's soak steps one node's samplers' clock
+    without touching the machine's): the samplers' clock adds the seconds the node's file
+    holds; a missing or garbage file adds nothing and never raises; the in-job workload's
+    clock (driver_clock) stays the simulated driver's."""
+    config = load(tmp_path, f'[sim]\nclock_offset_file = "{tmp_path}/offset-%n"\n')
+    assert config.sim_clock_offset_file == f"{tmp_path}/offset-%n"
+    assert Config().sim_clock_offset_file == ""
+    assert sampler_clock(Config(), "gpu1") is driver_clock(Config())  # none: the wall clock itself
+    (tmp_path / "offset-gpu1").write_text("3600\n")
+    stepped, other = sampler_clock(config, "gpu1"), sampler_clock(config, "gpu2")
+    assert stepped() - driver_clock(config)() == pytest.approx(3600, abs=1)
+    assert other() == pytest.approx(driver_clock(config)(), abs=1)  # gpu2 has no file
+    wall, mono = [1000.0], [0.0]
+    clock = SteppedClock(lambda: wall[0], str(tmp_path / "offset-gpu1"), lambda: mono[0])
+    assert clock() == 4600.0
+    (tmp_path / "offset-gpu1").write_text("-600.5")
+    mono[0] = 0.9
+    assert clock() == 4600.0  # read at most once a second
+    mono[0] = 1.0
+    assert clock() == 399.5
+    for junk in ("", "soon", "nan", "inf", "1e999", "\xff\xfe", "1" * 100):
+        (tmp_path / "offset-gpu1").write_text(junk, encoding="latin-1")
+        mono[0] += 1.0
+        assert clock() == 1000.0, junk
+    (tmp_path / "offset-gpu1").unlink()
+    mono[0] += 1.0
+    assert clock() == 1000.0

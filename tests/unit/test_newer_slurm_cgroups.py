@@ -162,7 +162,7 @@ def test_the_run_in_job_note_goes_with_the_bindings_evidence() -> None:
 
 def test_the_sampler_logs_run_in_job_at_its_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """run() says it before anything else, even when it then cannot sample."""
-    def no_nvml(config: Config) -> None:
+    def no_nvml(config: Config, node: str) -> None:
         raise GpuEffError("no NVML here")
 
     for name, value in {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "gpu1", "SLURM_JOB_GPUS": "0",

@@ -230,3 +230,17 @@ def test_a_gpu_not_named_and_no_star_stays_idle() -> None:
     assert profile.value_at(0, "util", 1, idle=0) == 100.0
     assert profile.value_at(1, "util", 1, idle=0) == 0.0
     assert profile.integral(1, "util", 0, 100, idle=1.5) == 150.0
+
+
+def test_an_nvml_error_phase_is_a_state_the_stand_in_library_reads() -> None:
+    """`nvml_error: true` (issue 20's soak: NVML errors for minutes on one GPU) goes to the
+    stand-in library with the phase, for the GPU it names only; anything but a boolean is
+    refused."""
+    failing = {"*": {"util": 50}, "1": {"nvml_error": True}}
+    profile = parse_profile({"phases": [{"seconds": 10, "gpus": {"*": {"util": 50}}},
+                                        {"seconds": 60, "gpus": failing}]})
+    assert [p.get("nvml_error") for p in profile.resolve(1)] == [None, True]
+    assert [p.get("nvml_error") for p in profile.resolve(0)] == [None, None]
+    assert profile.event_at(1, "nvml_error", 30.0) is True
+    with pytest.raises(ProfileError, match=r"GPU '\*': nvml_error: must be a true: while the phase runs"):
+        parse_profile(one_phase({"nvml_error": "yes"}))

@@ -38,7 +38,7 @@ BOOT = 1_700_000_000.0
 BUSY = {"phases": [{"seconds": 100, "gpus": {"*": {
     "util": 80, "mem_util": 30, "mem_used_gib": 10, "power_w": 300,
 }}}]}
-EVENT_FIELDS = ("throttle", "xid", "processes", "lost", "energy_reset")
+EVENT_FIELDS = ("throttle", "xid", "processes", "lost", "energy_reset", "nvml_error")
 MIG_GPU = {
     "minor": 4, "uuid": "GPU-44444444-4444-4444-4444-444444444444", "name": "NVIDIA H100 (sim)",
     "sample_period_s": 0.5,
@@ -1210,6 +1210,77 @@ def test_a_gpu_is_lost_from_the_lost_phase_while_the_workload_runs(node: Node) -
     assert pynvml.nvmlDeviceGetPowerUsage(h) == 60_000
 
 
+FAILS = {"phases": [{"seconds": 10, "gpus": {"*": {"util": 50}}},
+                    {"seconds": 20, "gpus": {"*": {"util": 50, "nvml_error": True}}},
+                    {"seconds": 100, "gpus": {"*": {"util": 50}}}]}
+
+
+def test_an_nvml_error_phase_fails_every_query_but_identity_while_it_runs(node: Node) -> None:
+    """A passing fault (issue 20's soak: NVML errors for minutes on a GPU): NVML_ERROR_UNKNOWN
+    from every call on the GPU and its MIG instances, not GPU_IS_LOST nor NOT_SUPPORTED;
+    the node's GPUs still enumerate (minor, UUID), the other GPUs answer, and the GPU
+    answers again when the phase ends, its workload still running."""
+    with_specs(node, MIG_GPU)
+    node.write_state(0, FAILS, started_at=BOOT + 991.0)
+    node.write_state(4, FAILS, started_at=BOOT + 991.0)
+    h, gpu4 = handle(0), handle(4)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu4, 0)
+    sample = pynvml.nvmlGpmSampleAlloc()
+    assert pynvml.nvmlDeviceGetPowerUsage(h) == 60_000  # 9 s in: not yet
+    node.now = BOOT + 1001.0
+    calls = (pynvml.nvmlDeviceGetUtilizationRates, pynvml.nvmlDeviceGetPowerUsage,
+             pynvml.nvmlDeviceGetTotalEnergyConsumption, pynvml.nvmlDeviceGetMemoryInfo,
+             pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+             pynvml.nvmlDeviceGetCurrentClocksEventReasons, pynvml.nvmlDeviceGetEnforcedPowerLimit,
+             pynvml.nvmlGpmQueryDeviceSupport, pynvml.nvmlDeviceGetName, pynvml.nvmlDeviceGetMigMode,
+             lambda x: pynvml.nvmlGpmSampleGet(x, sample),
+             lambda x: pynvml.nvmlDeviceGetMemoryInfo(x, pynvml.nvmlMemory_v2),
+             lambda x: pynvml.nvmlDeviceGetSamples(x, 1, 0),
+             lambda x: pynvml.nvmlDeviceGetProcessUtilization(x, 0),
+             lambda x: pynvml.nvmlDeviceGetTemperatureV(x, 0),
+             lambda x: pynvml.nvmlDeviceGetClockInfo(x, 1),
+             lambda x: pynvml.nvmlDeviceGetTotalEccErrors(x, 1, 0),
+             lambda x: pynvml.nvmlDeviceRegisterEvents(x, 8, pynvml.nvmlEventSetCreate()))
+    for call in calls:
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            call(h)
+    for call in (pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlDeviceGetComputeRunningProcesses,
+                 pynvml.nvmlDeviceGetGpuInstanceId):  # a MIG instance of a failing GPU
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            call(mig)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # what a MIG handle never has stays so
+        pynvml.nvmlDeviceGetPowerUsage(mig)
+    # the node still enumerates: every sampler of the node binds its own GPUs
+    assert pynvml.nvmlDeviceGetCount() == 5  # handle(0): by minor number
+    assert pynvml.nvmlDeviceGetUUID(handle(0)) == "GPU-00000000-0000-0000-0000-000000000000"
+    assert pynvml.nvmlDeviceGetUUID(mig) == MIG_GPU["mig"][0]["uuid"]
+    assert pynvml.nvmlDeviceGetPowerUsage(handle(1)) == 60_000  # the other GPUs answer
+    node.now = BOOT + 1021.0  # the phase ended, the workload runs on: the GPU answers again
+    assert pynvml.nvmlDeviceGetPowerUsage(h) == 60_000
+    assert pynvml.nvmlDeviceGetUtilizationRates(h).gpu == 50
+    assert pynvml.nvmlDeviceGetMemoryInfo(mig).total == 10 * GIB
+    pynvml.nvmlGpmSampleFree(sample)
+
+
+def test_an_nvml_error_phase_of_a_mig_instance_fails_that_instance_only(node: Node) -> None:
+    with_specs(node, MIG_GPU)
+    failing, other = MIG_GPU["mig"][0]["uuid"], MIG_GPU["mig"][1]["uuid"]
+    node.write_state(failing, FAILS, started_at=BOOT + 991.0)
+    gpu4 = handle(4)
+    mig, mig2 = (pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu4, i) for i in (0, 1))
+    sample = pynvml.nvmlGpmSampleAlloc()
+    node.now = BOOT + 1001.0
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlDeviceGetMemoryInfo(mig)
+    with pytest.raises(pynvml.NVMLError_Unknown):  # its GPM sample, taken through its GPU
+        pynvml.nvmlGpmMigSampleGet(gpu4, MIG_GPU["mig"][0]["gi_id"], sample)
+    assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu4, 1)) == other
+    assert pynvml.nvmlDeviceGetMemoryInfo(mig2).total == 20 * GIB
+    pynvml.nvmlGpmMigSampleGet(gpu4, MIG_GPU["mig"][1]["gi_id"], sample)
+    assert pynvml.nvmlDeviceGetPowerUsage(gpu4) == 60_000  # its GPU answers
+    pynvml.nvmlGpmSampleFree(sample)
+
+
 def test_unsupported_is_checked_first_and_matches_any_version_suffix(node: Node) -> None:
     with_specs(node, m0={"unsupported": ["nvmlDeviceGetTemperature", "nvmlDeviceGetMemoryInfo",
                                          "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetSamples"]})
@@ -1474,6 +1545,7 @@ def junk_states() -> list[str]:
         json.dumps({**good, "phases": [{**good["phases"][0], "levels": {"util": [0, 100, 1, 2]}}]}),
         json.dumps({**good, "phases": [{**good["phases"][0], "xid": [-1]}]}),
         json.dumps({**good, "phases": [{**good["phases"][0], "lost": "yes"}]}),
+        json.dumps({**good, "phases": [{**good["phases"][0], "nvml_error": 1}]}),
         json.dumps({**good, "phases": [{**good["phases"][0], "throttle": "power_cap"}]}),
         json.dumps({**good, "phases": [good["phases"][0]] * 10_001}),
         '{"started_at": 1e999, "phases": []}', '{"started_at": NaN, "phases": []}',

@@ -171,7 +171,7 @@ def test_the_window_begins_at_binding_where_the_drivers_figures_begin(sim_node: 
                          started_at=BOOT + 1000.5)
     session = sim_node.session()
     sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([0]),  # BOOT + 1000
-                      clock=session.clock)
+                      clock=session.clock, monotonic=sim_node.clock)
     for t in (1001.5, 1002.5, 1003.5):  # the first poll 1.5 s after binding
         sim_node.now = BOOT + t
         sampler.sample_once()

@@ -48,10 +48,12 @@ static bool unsupported(const struct nvmlDevice_st *gpu, const char *function)
     return false;
 }
 
-/* The checks sim/nvml.py makes, in its order: initialised, a handle of ours; a MIG
- * instance answers for its GPU ("mig" unsupported, lost) and, for whole-GPU queries, is
- * NOT_SUPPORTED; a GPU says NOT_SUPPORTED for the functions its spec lists, then
- * GPU_IS_LOST where asked. */
+/* The checks, in their order: initialised, a handle of ours; a MIG instance answers for
+ * its GPU ("mig" unsupported, lost) and, for whole-GPU queries, is NOT_SUPPORTED; a GPU
+ * says NOT_SUPPORTED for the functions its spec lists, then GPU_IS_LOST where asked. Last,
+ * a device in an nvml_error phase (or a MIG instance of a GPU in one) answers UNKNOWN, a
+ * passing error, to all but its identity (minor number, UUID: the node's other GPUs
+ * still bind). */
 nvmlReturn_t get_target(nvmlDevice_t handle, const char *function, int flags, struct nvmlDevice_st **out)
 {
     if (model.refcount == 0)
@@ -73,6 +75,8 @@ nvmlReturn_t get_target(nvmlDevice_t handle, const char *function, int flags, st
         if ((flags & CHECK_LOST) && device_lost(target, sim_now()))
             return NVML_ERROR_GPU_IS_LOST;
     }
+    if (!(flags & IDENTITY) && target_failing(target, sim_now()))
+        return NVML_ERROR_UNKNOWN;
     *out = target;
     return NVML_SUCCESS;
 }
@@ -215,7 +219,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 
 static nvmlReturn_t minor_number(nvmlDevice_t handle, unsigned *minor)
 {
-    TARGET(handle, "nvmlDeviceGetMinorNumber", WHOLE_GPU);
+    TARGET(handle, "nvmlDeviceGetMinorNumber", WHOLE_GPU | IDENTITY);
     if (minor == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
     *minor = d->minor;
@@ -229,7 +233,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *
 
 static nvmlReturn_t device_uuid(nvmlDevice_t handle, char *uuid, unsigned length)
 {
-    TARGET(handle, "nvmlDeviceGetUUID", 0);
+    TARGET(handle, "nvmlDeviceGetUUID", IDENTITY);
     return copy_text(d->uuid, uuid, length);
 }
 

@@ -128,6 +128,8 @@ static nvmlReturn_t gpm_take(nvmlDevice_t handle, const char *function, long lon
             target = &model.migs[d->first_mig + i];
     if (target == NULL)
         return NVML_ERROR_NOT_FOUND;
+    if (target != d && target_failing(target, sim_now())) /* its GPU's failing was checked */
+        return NVML_ERROR_UNKNOWN;
     s->taken = true;
     s->time = sim_now();
     s->target = target;

@@ -50,7 +50,7 @@ struct level {
 };
 
 /* Phase-start events (xid, lost, energy_reset) and phase-long states (throttle,
- * processes). */
+ * processes, nvml_error). */
 enum event_kind { EV_XID, EV_LOST, EV_ENERGY_RESET };
 
 struct phase {
@@ -63,6 +63,7 @@ struct phase {
     int processes;                   /* -1: the phase does not say */
     int lost;                        /* -1: not named, else 0/1 */
     bool energy_reset;
+    bool nvml_error;                 /* every query on the device fails while it runs */
 };
 
 struct workload {
@@ -144,6 +145,7 @@ double target_mean(struct nvmlDevice_st *target, enum metric m, double t0, doubl
 const struct phase *target_phase_at(struct nvmlDevice_st *target, double t);
 bool target_running(struct nvmlDevice_st *target, double t);
 bool device_lost(struct nvmlDevice_st *gpu, double t);
+bool target_failing(struct nvmlDevice_st *target, double t);
 double device_energy_j(struct nvmlDevice_st *gpu, double t);
 double device_busy(struct nvmlDevice_st *gpu, double t0, double t1);
 unsigned long long device_ecc_uncorrected(struct nvmlDevice_st *gpu, double t);
@@ -158,6 +160,7 @@ void workload_free(struct workload *load);
 enum check_flags {
     WHOLE_GPU = 1 << 0,   /* a MIG handle is NOT_SUPPORTED */
     CHECK_LOST = 1 << 1,  /* a GPU that fell off the bus answers GPU_IS_LOST */
+    IDENTITY = 1 << 2,    /* answers in an nvml_error phase too (binding needs it) */
 };
 struct nvmlDevice_st *lookup_handle(nvmlDevice_t handle);
 nvmlReturn_t get_target(nvmlDevice_t handle, const char *function, int flags,

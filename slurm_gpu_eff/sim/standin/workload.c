@@ -145,6 +145,7 @@ static bool read_phase(const struct json *item, struct phase *phase)
     }
     phase->lost = read_flag(json_get(item, "lost"), &ok);
     phase->energy_reset = read_flag(json_get(item, "energy_reset"), &ok) == 1;
+    phase->nvml_error = read_flag(json_get(item, "nvml_error"), &ok) == 1;
     return ok && read_levels(json_get(item, "levels"), phase)
            && read_throttle(json_get(item, "throttle"), phase) && read_xids(json_get(item, "xid"), phase);
 }
@@ -396,6 +397,16 @@ bool device_lost(struct nvmlDevice_st *gpu, double t)
     bool found = false;
     target_events(gpu, EV_LOST, load->started - 1e-9, t, note_found, &found);
     return found;
+}
+
+/* In an nvml_error phase now: the target's own workload's, or for a MIG instance its
+ * GPU's too (a failing GPU fails its instances; a failing instance leaves its GPU be). */
+bool target_failing(struct nvmlDevice_st *target, double t)
+{
+    const struct phase *p = target_phase_at(target, t);
+    if (p != NULL && p->nvml_error)
+        return true;
+    return target->is_mig && target_failing(parent_of(target), t);
 }
 
 /* Energy a workload drew above idle, from its start until t (or its end). */
