@@ -352,12 +352,17 @@ FAKE_SMI = textwrap.dedent("""\
 """)
 
 
+def run_out(watch: gc.SmiWatch, timeout: float = 30) -> None:
+    """Until the watched command has ended by itself (stop() would end it)."""
+    deadline = time.monotonic() + timeout
+    while watch.process is not None and watch.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_smi_lines_are_stamped_as_they_arrive_not_when_the_buffer_fills() -> None:
     watch = gc.SmiWatch([sys.executable, "-c", FAKE_SMI])
     watch.start()
-    deadline = time.monotonic() + 30
-    while watch.process is not None and watch.process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    run_out(watch)
     watch.stop()
     rows = watch.rows()
     assert [r.util for r in rows] == [0.0, 1.0, 2.0, 3.0]
@@ -375,7 +380,7 @@ def test_missing_or_failing_nvidia_smi_is_a_note_not_a_crash() -> None:
     said = "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."
     failing = gc.SmiWatch([sys.executable, "-c", f"print({said!r}); raise SystemExit(9)"])
     failing.start()
-    time.sleep(0.5)
+    run_out(failing)  # it has said why: stop() on a Python still starting would end it unheard
     failing.stop()
     assert failing.rows() == [] and "could not communicate with the NVIDIA driver" in failing.note
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -31,6 +32,15 @@ GIB = 1024**3
 
 def prolog_line(pid: int) -> str:
     return f"job=4242 prolog[{os.getpid()}]: started sampler pid {pid} for SLURM_JOB_GPUS=0,2"
+
+
+def own_job_id() -> str:
+    """A job id that no other test uses meanwhile, for a sampler the shell prolog starts
+    (`sampler --prolog JOBID`). Every epilog of a job id and node looks for such samplers
+    in /proc (hooks.starting_samplers) and kills those not up in time: with several
+    workers, another test's epilog of job 4242 on gpu1 would find, wait for or kill this
+    test's sampler, and this test's look for what is left would see another's."""
+    return str(10**8 + secrets.randbelow(9 * 10**8))
 
 
 def wait_for_utilisation(hook_site: Any, timeout: float = 15.0) -> None:
@@ -338,16 +348,17 @@ def shim_env(hook_site: Any, **extra: str) -> dict[str, str]:
 
 
 def test_the_real_shims_run_a_job_through(hook_site: Any) -> None:
-    env = shim_env(hook_site)
+    job = own_job_id()
+    env = shim_env(hook_site, SLURM_JOB_ID=job)
     assert "GPUEFF_PYTHON" not in env  # the venv beside the checkout
     done = run_shim(PROLOG, env)
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
-    pid = hook_site.sampler_pid()
-    hook_site.wait_for(hook_site.job_dir() / "summary.json")
+    pid = hook_site.sampler_pid(job)
+    hook_site.wait_for(hook_site.job_dir(job) / "summary.json")
     done = run_shim(EPILOG, env)
     assert (done.returncode, done.stderr) == (0, b"")
     assert not hook_site.is_running(pid)
-    (summary,) = hook_site.stored()
+    (summary,) = hook_site.stored(job)
     assert (summary.status, [g.minor for g in summary.gpus]) == (COMPLETE, [0, 2])
 
 
@@ -363,15 +374,28 @@ def test_the_shell_prolog_costs_a_job_without_gpus_one_test(hook_site: Any) -> N
 def test_a_job_ending_as_its_prolog_returns_keeps_its_figures(hook_site: Any) -> None:
     """The epilog may come before the sampler the shell prolog started has made its spool
     directory: it waits for it, then stops it as always. Nothing is lost, nothing left."""
-    env = shim_env(hook_site)
+    job = own_job_id()
+    env = shim_env(hook_site, SLURM_JOB_ID=job)
     assert run_shim(PROLOG, env).returncode == 0
     assert run_shim(EPILOG, env).returncode == 0  # at once: the sampler is still starting
-    (summary,) = hook_site.stored()
+    (summary,) = hook_site.stored(job)
     assert summary.status != MISSING and [g.minor for g in summary.gpus] == [0, 2]
     assert "still starting: waited for it" in hook_site.log() or "sampler pid" in hook_site.log()
-    assert not any(b"--prolog" in Path(f"/proc/{p}/cmdline").read_bytes() and b"4242" in
-                   Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc")
-                   if p.isdigit() and Path(f"/proc/{p}/cmdline").exists())
+    left = [pid for pid, cmdline in command_lines() if b"--prolog" in cmdline and job.encode() in cmdline]
+    assert left == []
+
+
+def command_lines() -> list[tuple[int, bytes]]:
+    """Every process's pid and command line; one that ends while /proc is read is left
+    out (its entry goes between listing it and reading it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found.append((int(entry), Path(f"/proc/{entry}/cmdline").read_bytes()))
+            except OSError:
+                pass
+    return found
 
 
 @pytest.mark.parametrize("shim", [PROLOG, EPILOG], ids=["prolog", "epilog"])
@@ -445,9 +469,10 @@ def test_a_sampler_still_not_up_when_the_epilog_gives_up_is_killed(hook_site: An
     """Left alone, a sampler that starts after its job's epilog would sample the GPUs the
     next job is given; it holds no figures yet, so it goes."""
     hook_site.configure(sampler={"stop_wait_s": 0.5})
-    env = hook_site.export(hook_site.env())
+    job = own_job_id()
+    env = hook_site.export(hook_site.env(SLURM_JOB_ID=job))
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                              "slurm_gpu_eff.node.sampler", "--prolog", "4242"], env=env)
+                              "slurm_gpu_eff.node.sampler", "--prolog", job], env=env)
     deadline = time.monotonic() + 10  # exec'd: a forked child still shows pytest's command line
     while b"--prolog" not in Path(f"/proc/{stuck.pid}/cmdline").read_bytes():
         assert time.monotonic() < deadline
@@ -458,5 +483,5 @@ def test_a_sampler_still_not_up_when_the_epilog_gives_up_is_killed(hook_site: An
     finally:
         stuck.kill()
     assert "was not up after 0.5 s: killed" in hook_site.log()
-    (summary,) = hook_site.stored()
+    (summary,) = hook_site.stored(job)
     assert summary.status == MISSING
