@@ -735,7 +735,12 @@ def _blocked(who: Account, path: str, want: str, make: str = "wx") -> tuple[str,
     if done is None or done.returncode != 0:
         said = "" if done is None else (done.stderr.strip().splitlines() or [""])[-1]
         raise _ProbeFailed(f"{sys.executable} did not run as {who.name}" + (f" ({said})" if said else ""))
-    for (where, what), can in zip(asks, json.loads(done.stdout), strict=True):
+    try:  # the probe prints one JSON line; anything else (a sitecustomize's chatter) is a failure
+        answers = json.loads(done.stdout.strip().splitlines()[-1])
+        found = list(zip(asks, answers, strict=True))
+    except (ValueError, IndexError) as exc:
+        raise _ProbeFailed(f"{sys.executable} as {who.name} answered no list of {len(asks)}: {exc}") from exc
+    for (where, what), can in found:
         if not can:
             return where, what
     return None

@@ -72,6 +72,7 @@ class IdleJob:
     nodes: tuple[str, ...] = ()  # the nodes that reported this run
     started: float = 0.0  # its first prolog (epoch seconds)
     binding: tuple[tuple[str, str, str], ...] = ()  # per node: (node, status, first evidence)
+    sampled_until: float = 0.0  # the oldest of its nodes' copies: how recent what it says is
 
     @property
     def key(self) -> str:
@@ -261,6 +262,7 @@ WHERE (cluster, job_id, node, run) IN (
 """
 
 
+FRESH_SLACK_S = 30  # a copy older than live_s + idle_check_s + this cancels nothing
 RUN_SPREAD_S = 60  # one run's nodes start within this of each other; a requeue, later
 
 
@@ -278,15 +280,26 @@ def idle_jobs(store: Store, fresh: float, alert_s: float, cluster: str) -> list[
         by_job.setdefault(summary.job_id, []).append(summary)
     found = []
     for job_id, copies in sorted(by_job.items()):
-        latest = max(s.run_started_at or 0.0 for s in copies)
-        nodes = [s for s in copies if (s.run_started_at or 0.0) > latest - RUN_SPREAD_S]
-        idle = [IdleGpu(g.node, g.index, g.minor, float(g.idle_now["since"]), float(g.idle_now["seconds"]))
-                for s in nodes for g in s.gpus
-                if g.idle_now and float(g.idle_now.get("seconds", 0)) >= alert_s]
-        if idle:
-            idle.sort(key=lambda g: -g.seconds)
-            found.append(_idle_job(cluster, job_id, nodes, idle))
+        try:  # a copy malformed past from_dict's checks is this job's trouble alone
+            job = _job_of_copies(cluster, job_id, copies, alert_s)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.error("idle check: job %s's running summary cannot be read: %s", job_id, exc)
+            continue
+        if job is not None:
+            found.append(job)
     return found
+
+
+def _job_of_copies(cluster: str, job_id: str, copies: list[NodeSummary], alert_s: float) -> IdleJob | None:
+    latest = max(s.run_started_at or 0.0 for s in copies)
+    nodes = [s for s in copies if (s.run_started_at or 0.0) > latest - RUN_SPREAD_S]
+    idle = [IdleGpu(g.node, g.index, g.minor, float(g.idle_now["since"]), float(g.idle_now["seconds"]))
+            for s in nodes for g in s.gpus
+            if g.idle_now and float(g.idle_now.get("seconds", 0)) >= alert_s]
+    if not idle:
+        return None
+    idle.sort(key=lambda g: -g.seconds)
+    return _idle_job(cluster, job_id, nodes, idle)
 
 
 def _idle_job(cluster: str, job_id: str, nodes: list[NodeSummary], idle: list[IdleGpu]) -> IdleJob:
@@ -296,7 +309,8 @@ def _idle_job(cluster: str, job_id: str, nodes: list[NodeSummary], idle: list[Id
                      str(((s.binding or {}).get("evidence") or [""])[0])[:200]) for s in nodes)
     return IdleJob(cluster, job_id, int(started), idle, sum(len(s.gpus) for s in nodes),
                    user=users.pop() if len(users) == 1 else "", nodes=tuple(sorted(s.node for s in nodes)),
-                   started=started, binding=binding)
+                   started=started, binding=binding,
+                   sampled_until=min(s.sampled_until or 0.0 for s in nodes))
 
 
 # -- is it the run the store holds, and are its figures the job's own? -----------------------------
@@ -441,8 +455,15 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
         return ""
     if record.get("alerted_at") is not None:
         record = _delivery(job, record, box, ledger)
+        if _stretch_ended(job, record):
+            _tell_once(ledger, job, record, ("stretch_ended", "yes"), logging.WARNING,
+                       f"job {job.job_id}: the idle stretch alerted at {_clock(float(record['alerted_at']))} "
+                       "ended (the GPU worked, or the readings had a gap): this run is not cancelled")
+            return ""
         if not _cancel_due(job, record, policy, now):
             return ""
+        if now - job.sampled_until > config.live_s + config.idle_check_s + FRESH_SLACK_S:
+            return ""  # no cancel on an old copy: the GPU may have worked since (the next pass)
     facts = slurm.running_job(job.job_id)
     if facts is None or facts.state != "RUNNING":  # ended, or suspended: not idle by its own doing
         return ""
@@ -535,6 +556,12 @@ def _cancel_due(job: IdleJob, record: dict[str, Any], policy: Policy, now: float
     delivered = record.get("delivered_at")
     return (policy.cancel_s > 0 and delivered is not None and now - float(delivered) >= policy.cancel_s
             and _still(job, record.get("gpus") or [], policy.alert_s + policy.cancel_s))
+
+
+def _stretch_ended(job: IdleJob, record: dict[str, Any]) -> bool:
+    """No GPU the alert named is in the stretch it was about any more."""
+    named = {(g.get("node"), g.get("index")): float(g.get("since", 0.0)) for g in record.get("gpus") or []}
+    return bool(named) and not any(abs(named.get((g.node, g.index), -1e18) - g.since) < 1.0 for g in job.gpus)
 
 
 def _still(job: IdleJob, alerted: list[dict[str, Any]], cancel_at_s: float) -> bool:

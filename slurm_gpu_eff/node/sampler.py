@@ -204,12 +204,12 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         export_live(sampler, log)
         now = sampler.monotonic()
         level = sampler.idle_level()
-        if level > posted_level:  # the alert (or cancel) minute passed: tell the store now
-            if live.post(sampler.snapshot(RUNNING)):
-                posted_level = level
-                next_live = now + config.live_s
-        else:
-            posted_level = level  # the GPU worked again: the next stretch counts anew
+        # The alert (or cancel) minute passed, or a stretch past it ended (the GPU worked,
+        # or a gap in the readings): the store hears at once, so that the idle watch never
+        # cancels on a copy from before the GPU went back to work.
+        if level != posted_level and live.post(sampler.snapshot(RUNNING)):
+            posted_level = level
+            next_live = now + config.live_s
         if now >= next_checkpoint:
             if not os.path.isdir(job_dir):
                 log.write("the job's spool directory is gone (its epilog ran): stopping")

@@ -91,6 +91,12 @@ class BindingCheck:
             if unread:  # gone, or another PID namespace: it may have been the job's
                 self.scan_gap = f"whose process {unread[0]} on GPU minor {minor} was could not be read"
                 return
+            # In no job's cgroup: it may still be the job's (a container the docker daemon
+            # started, an ssh session without pam_slurm_adopt, a site without cgroup proctrack)
+            outside = [pid for pid, job in owners.items() if not job]
+            if outside:
+                self.scan_gap = f"process {outside[0]} on GPU minor {minor} is in no job's cgroup"
+                return
             self.processes(minor, owners, bound=minor in self.bound_minors)
         if not self.settled():
             self.scans += 1

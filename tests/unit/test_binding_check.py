@@ -201,6 +201,8 @@ def test_whole_looks_that_find_none_of_the_jobs_processes_say_no_gpu_was_used() 
 @pytest.mark.parametrize(("listing", "table", "why"), [
     (None, {}, "not every GPU of the node could be listed"),
     ([(0, []), (1, [7])], {7: None}, "whose process 7 on GPU minor 1 was could not be read"),
+    # in no job's cgroup: it may be the job's (a container, an ssh session): the look is not whole
+    ([(0, []), (1, [7])], {7: ""}, "process 7 on GPU minor 1 is in no job's cgroup"),
 ])
 def test_a_look_that_is_not_whole_leaves_the_gpu_use_unknown_for_good(
     listing: Any, table: dict[int, str | None], why: str,

@@ -296,6 +296,41 @@ def test_one_alert_a_job_run_then_a_cancel_after_its_minutes_then_nothing(
     assert len(box.names()) == 1  # the cancel's notice; the alert went out
 
 
+def test_no_cancel_on_an_old_copy_and_none_once_the_alerted_stretch_ended(
+    store: Store, make_summary: Factory, policy_config: Config, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review of issue 20: a copy older than live_s + idle_check_s (+30 s) may be from before
+    the GPU went back to work: the cancel waits for a fresh one. And a stretch other than
+    the alerted one (the GPU worked, or a gap ended it) cancels nothing, said once."""
+    caplog.set_level(logging.INFO, logger="gpueff.mail")
+    slurm = FakeSlurm(**{"500": job()})
+    box = Outbox(policy_config.mail_spool_dir).make()
+    store.put(running(make_summary, (None, 600.0)))
+    assert idle.check(policy_config, store, slurm, box, NOW)[0].startswith("job 500: alerted")
+    deliver(box, NOW + 1)
+    # due (15 min idle, 5 min after delivery), but the copy is 140 s old: > 45 + 60 + 30
+    store.put(running(make_summary, (None, 901.0), sampled_until=NOW + 301))
+    assert idle.check(policy_config, store, slurm, box, NOW + 441) == [] and slurm.cancelled == []
+    # a newer copy: the GPU worked meanwhile, and idles again in a stretch of its own
+    store.put(running(make_summary, (None, 900.0), sampled_until=NOW + 1500))
+    assert idle.check(policy_config, store, slurm, box, NOW + 1500) == [] and slurm.cancelled == []
+    [said] = [m for m in warned(caplog, logging.WARNING) if "ended" in m]
+    assert said.startswith("job 500: the idle stretch alerted at ") and "not cancelled" in said
+    assert idle.check(policy_config, store, slurm, box, NOW + 1510) == []
+    assert len([m for m in warned(caplog, logging.WARNING) if "ended" in m]) == 1  # said once
+
+
+def test_a_malformed_copy_is_its_own_job_s_trouble_alone(
+    store: Store, make_summary: Factory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = running(make_summary, (700.0,), job_id="501")
+    bad.gpus[0].idle_now = {"seconds": 700.0}  # no "since"
+    store.put(bad)
+    store.put(running(make_summary, (700.0,), job_id="502"))
+    assert [j.job_id for j in idle.idle_jobs(store, NOW - 600, 600, "gpueffdev")] == ["502"]
+    assert any("job 501's running summary cannot be read" in r.getMessage() for r in caplog.records)
+
+
 def test_a_watcher_that_was_away_alerts_first_and_cancels_only_minutes_later(
     store: Store, make_summary: Factory, policy_config: Config,
 ) -> None:
