@@ -842,7 +842,10 @@ def verdict(report: JobReport, hints: list[Hint]) -> str:
     else:
         utils = [g.util_mean for g in report.gpus if g.util_mean is not None and not _lost(g)]
         util = _mean(utils) if utils else None
-        if util is None:
+        if util is None and not any(g.summary is not None and g.summary.samples for g in report.gpus):
+            # no sampler figures at all (its prolog did not run, the spool was lost): no verdict
+            text = f"No verdict{so_far}: the GPU figures are missing (see the notes)."
+        elif util is None:
             text = (f"No problems found{so_far}; GPU utilisation was not measured on these GPUs "
                     "(MIG slices do not report it).")
         else:

@@ -42,3 +42,12 @@ def test_processes_outside_any_job_leave_the_whole_gpu_s_figures_shown(
     report = build_report(make_job(), [make_summary(gpus=[gpu])])
     assert "kept it 30.0% busy (the whole GPU: 80.0%)" in render_text(report)
     assert json.loads(render_json(report))["gpus"][0]["util_whole_mean"] == 80.0
+
+
+def test_a_job_without_any_gpu_figures_gets_no_verdict(make_job: Any, make_summary: Any) -> None:
+    """Seen in the soak: a job whose prolog did not run (allocated as slurmctld restarted)
+    read "No problems found; ... (MIG slices do not report it)"."""
+    missing = make_summary(status="missing", reason="no sampler record on this node", gpus=[])
+    text = render_text(build_report(make_job(), [missing]))
+    assert "Verdict: No verdict: the GPU figures are missing (see the notes)." in text
+    assert "MIG" not in text
