@@ -109,6 +109,7 @@ class Soak:
         self.liar_windows: list[tuple[float, float]] = []
         self.killed: set[str] = set()  # runs whose sampler was SIGKILLed on a node
         self.stepped: list[str] = []  # runs whose samplers saw the wall clock step
+        self.unsampled: list[str] = []  # runs with no sampler at all (their prolog did not run)
 
     # --- the jobs ------------------------------------------------------------------------
 
@@ -261,6 +262,11 @@ class Soak:
                     job.hit.append(f"sampler of {raw} killed")
                 if raw in self.stepped:
                     job.hit.append(f"{raw} saw a clock step")
+                stored = self.cluster.summaries(raw).values()
+                if stored and all(not s.get("gpus") for s in stored):  # no sampler ever ran
+                    why = "; ".join(s.get("reason", "") for s in stored)
+                    job.hit.append(f"{raw}: no GPU figures ({why})")
+                    self.unsampled.append(raw)
             if any(a <= job.started <= b for a, b in self.liar_windows):
                 job.hit.append("lying gres map")
 
@@ -324,7 +330,8 @@ def test_the_soak(cluster: Cluster, smtp: Server, soak_policy: None) -> None:
                "seed": SEED, "nvml_errors": NVML_ERRORS, "clock_step": CLOCK_STEP, "runs": 0,
                "kinds": Counter(), "faults": Counter(f.name for f in soak.faults),
                "busy_cancelled": [], "idle_not_alerted_once": [], "alerted_twice": [], "mailed_twice": [],
-               "summaries_lost": [], "nodes_drained": sorted(set(soak.drained)), "hit": {}}
+               "summaries_lost": [], "nodes_drained": sorted(set(soak.drained)), "hit": {},
+               "unsampled": soak.unsampled}
     for job in soak.jobs:
         figures["runs"] += len(job.ids)
         figures["kinds"][job.kind] += len(job.ids)
