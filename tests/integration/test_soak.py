@@ -79,6 +79,7 @@ class Job:
     names: list[str] = field(default_factory=list)  # the ids its mails name (1234_7 for a task)
     state: str = ""
     started: float = 0.0
+    ended: float = 0.0
     nodes: dict[str, list[str]] = field(default_factory=dict)  # each run's nodes
     hit: list[str] = field(default_factory=list)  # faults aimed at this job alone
 
@@ -250,9 +251,10 @@ class Soak:
     def account(self) -> None:
         for job in self.jobs:
             rows = self.cluster.run(["sacct", "-j", job.submitted, "-X", "-n", "-P",
-                                     "--format=JobIDRaw,JobID,State,Start,NodeList"]).out.splitlines()
+                                     "--format=JobIDRaw,JobID,State,Start,End,NodeList"]).out.splitlines()
             for row in rows:
-                raw, shown, state, start, nodelist = row.split("|")
+                raw, shown, state, start, ended, nodelist = row.split("|")
+                job.ended = time.mktime(time.strptime(ended, "%Y-%m-%dT%H:%M:%S"))
                 job.ids.append(raw)
                 job.names.append(shown)
                 job.state = state.split()[0]
@@ -269,6 +271,16 @@ class Soak:
                     self.unsampled.append(raw)
             if any(a <= job.started <= b for a, b in self.liar_windows):
                 job.hit.append("lying gres map")
+        # NVML failing on a GPU of a job's node: the look at every GPU of the node is not
+        # whole, so a job that never opened its GPU can no longer be told unused (never
+        # cancelled on doubt; the admins are told)
+        failing = [(node, j.started, j.ended) for j in self.jobs if j.kind == "busy_nvml_errors"
+                   for nodes in j.nodes.values() for node in nodes]
+        for job in self.jobs:
+            on = {n for nodes in job.nodes.values() for n in nodes}
+            if job.kind != "busy_nvml_errors" and any(
+                    n in on and a <= job.ended and job.started <= b for n, a, b in failing):
+                job.hit.append("NVML failing on a GPU of its node meanwhile")
 
 
 @pytest.fixture
