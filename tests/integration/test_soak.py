@@ -296,22 +296,31 @@ def soak_policy(cluster: Cluster) -> Iterator[None]:
         conf.write_text(before)
 
 
-def mails(smtp: Server, job: Job) -> Counter[str]:
-    """The job's mails by kind: alert, cancel (the policy's notice), end (Slurm's)."""
+def mails(smtp: Server, job: Job) -> tuple[Counter[str], list[str]]:
+    """The job's mails by kind (alert, cancel: the policy's notice; end: Slurm's), and
+    their subjects."""
     kinds: Counter[str] = Counter()
+    subjects = []
     names = {*job.names, *job.ids}
     for _, message in smtp.inbox.messages:
         subject = str(message["Subject"])
         if not any(f"Job_id={n} " in subject or f"Job_id={n}:" in subject or f"({n})" in subject
                    for n in names):
             continue
+        subjects.append(subject)
         if " GPUs idle for " in subject:
             kinds["alert"] += 1
         elif " cancelled: GPU idle for " in subject:
             kinds["cancel"] += 1
         else:
             kinds["end"] += 1
-    return kinds
+    return kinds, subjects
+
+
+def watch_did(cluster: Cluster) -> Counter[tuple[str, str]]:
+    """What the idle watch's log says it did: (job id, "alerted" | "cancelled") -> times."""
+    text = (cluster.dir / "log" / "mail.log").read_text(errors="replace")
+    return Counter((m[1], m[2]) for m in re.finditer(r" job (\S+): (alerted|cancelled) ", text))
 
 
 @pytest.mark.skipif(not JOBS, reason="the soak runs with `make soak` (GPUEFF_SOAK_JOBS), not in make test")
@@ -341,17 +350,27 @@ def test_the_soak(cluster: Cluster, smtp: Server, soak_policy: None) -> None:
     figures: dict[str, Any] = {
                "seed": SEED, "nvml_errors": NVML_ERRORS, "clock_step": CLOCK_STEP, "runs": 0,
                "kinds": Counter(), "faults": Counter(f.name for f in soak.faults),
-               "busy_cancelled": [], "idle_not_alerted_once": [], "alerted_twice": [], "mailed_twice": [],
+               "busy_cancelled": [], "busy_alerted": [], "inbox_matched_busy": [],
+               "idle_not_alerted_once": [], "alerted_twice": [], "mailed_twice": [],
                "summaries_lost": [], "nodes_drained": sorted(set(soak.drained)), "hit": {},
                "unsampled": soak.unsampled}
+    did = watch_did(cluster)
     for job in soak.jobs:
         figures["runs"] += len(job.ids)
         figures["kinds"][job.kind] += len(job.ids)
-        got = mails(smtp, job)
+        got, subjects = mails(smtp, job)
+        for raw in job.ids:  # the watch's own log: what it did, whatever the inbox matched
+            got["watch_alerted"] += did[(raw, "alerted")]
+            got["watch_cancelled"] += did[(raw, "cancelled")]
         if job.hit:
             figures["hit"][job.submitted] = job.hit
-        if job.busy and (job.state.startswith("CANCELLED") or got["cancel"] or got["alert"]):
-            figures["busy_cancelled"].append((job.submitted, job.kind, job.state, dict(got)))
+        cancelled = job.state.startswith("CANCELLED") or got["watch_cancelled"]
+        if job.busy and cancelled:
+            figures["busy_cancelled"].append((job.submitted, job.kind, job.state, dict(got), subjects))
+        if job.busy and got["watch_alerted"]:
+            figures["busy_alerted"].append((job.submitted, job.kind, job.state, dict(got), subjects))
+        elif job.busy and got["alert"]:  # the inbox's subject matching, not the watch: said, not failed
+            figures["inbox_matched_busy"].append((job.submitted, subjects))
         alerted_once = got["alert"] == 1 and job.state.startswith("CANCELLED")
         if job.kind in ALERTED_KINDS and not job.hit and not alerted_once:
             figures["idle_not_alerted_once"].append((job.submitted, job.kind, job.state, dict(got)))
@@ -371,7 +390,7 @@ def test_the_soak(cluster: Cluster, smtp: Server, soak_policy: None) -> None:
     out.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     print(json.dumps({k: v for k, v in figures.items() if k != "faults_injected"}, default=str))
     assert figures["runs"] >= JOBS
-    assert not figures["busy_cancelled"]
+    assert not figures["busy_cancelled"] and not figures["busy_alerted"]
     assert not figures["idle_not_alerted_once"]
     assert not figures["alerted_twice"] and not figures["mailed_twice"]
     assert not figures["summaries_lost"]
