@@ -52,7 +52,10 @@ def job_minors(
     """The job's GPUs as the workload publishes them: device minors (Slurm's indexes mapped,
     as the sampler does), or MIG instance UUIDs (named by Slurm, or found in the devices
     file for a (GPU minor, GPU instance) that Slurm's index maps to)."""
-    gpus = parse_job_gpus(env.get("SLURM_JOB_GPUS"))
+    # An srun step on a job's other node inherits the batch node's SLURM_JOB_GPUS; its own
+    # node's GPUs are SLURM_STEP_GPUS (what a CUDA program there is confined to). Seen in
+    # the soak: a two-node job played its second node's part on the first node's index.
+    gpus = parse_job_gpus(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
     if not gpus:
         raise GpuEffError("this job has no GPUs (SLURM_JOB_GPUS is empty): request --gres=gpu:N")
     minors = minors or {}
