@@ -139,11 +139,11 @@ def running_job(job_id: str, squeue: str = "squeue") -> RunningJob | None:
     delimiter = fresh_delimiter()
     # ":0": no width, so nothing is cut or padded; the suffix ends each field
     form = ",".join(f"{name}:0{delimiter}" for name, _ in _SQUEUE_FIELDS)
-    done = _run_slurm([squeue, "-h", "-j", job_id, "-O", form], 30)
+    done = run_slurm([squeue, "-h", "-j", job_id, "-O", form], 30)
     if done.returncode != 0:
-        if "Invalid job id" in _said(done):
+        if "Invalid job id" in said(done):
             return None
-        raise SlurmError(f"squeue failed: {_said(done)}")
+        raise SlurmError(f"squeue failed: {said(done)}")
     text = done.stdout.decode("utf-8", "replace")
     if not text.strip():
         return None
@@ -176,9 +176,9 @@ def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
                               commands["sacctmgr"], running=True, field=field)
 
     note()
-    done = _run_slurm([commands["scancel"], job_id], 30)
+    done = run_slurm([commands["scancel"], job_id], 30)
     if done.returncode != 0:
-        raise SlurmError(f"scancel {job_id} failed: {_said(done)}")
+        raise SlurmError(f"scancel {job_id} failed: {said(done)}")
     sleep(CANCEL_RECHECK_S)
     with contextlib.suppress(SlurmError):  # cancelled: the note is the lesser thing
         note()
@@ -193,7 +193,7 @@ def private_jobs(scontrol: str = "scontrol") -> bool:
     if os.geteuid() == 0:
         return False
     try:
-        done = _run_slurm([scontrol, "show", "config"], 30)
+        done = run_slurm([scontrol, "show", "config"], 30)
     except SlurmError:
         return False  # no scontrol here: say what sacct said
     for line in done.stdout.decode("utf-8", "replace").splitlines():
@@ -207,10 +207,10 @@ def allocated_tres(job_id: str, sacct: str = "sacct") -> dict[str, str]:
     """AllocTRES of the job, or of each task or component it names (by JobIDRaw)."""
     delimiter = fresh_delimiter()
     fields = ("JobIDRaw", "AllocTRES")
-    done = _run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-P", "-n", f"--delimiter={delimiter}",
+    done = run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-P", "-n", f"--delimiter={delimiter}",
                        "--format=" + ",".join(fields)], 60)
     if done.returncode != 0:
-        raise SlurmError(f"sacct failed: {_said(done)}")
+        raise SlurmError(f"sacct failed: {said(done)}")
     rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
     return {r["JobIDRaw"]: r["AllocTRES"] for r in rows}
 
@@ -249,17 +249,17 @@ def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "sco
     if field not in COMMENT_FIELDS:
         raise SlurmError(f"{field!r} is not a job comment field we write ({' or '.join(COMMENT_FIELDS)})")
     if not running and field == "AdminComment":
-        held = _run_slurm([scontrol, "update", f"jobid={job_id}", f"AdminComment={text}"], 30)
+        held = run_slurm([scontrol, "update", f"jobid={job_id}", f"AdminComment={text}"], 30)
         if held.returncode == 0:
             return "slurmctld"
-        said = _said(held)
-        if "finished" not in said and "Invalid job id" not in said:
-            raise SlurmError(f"scontrol could not set job {job_id}'s AdminComment: {said}")
+        why = said(held)
+        if "finished" not in why and "Invalid job id" not in why:
+            raise SlurmError(f"scontrol could not set job {job_id}'s AdminComment: {why}")
     command = [sacctmgr, "-i", "modify", "job", "where", f"jobid={job_id}"]
     command += [f"cluster={cluster}"] if cluster else []
-    stored = _run_slurm([*command, "set", f"{field}={text}"], 30)
+    stored = run_slurm([*command, "set", f"{field}={text}"], 30)
     if stored.returncode != 0:
-        raise SlurmError(f"sacctmgr could not set job {job_id}'s {field}: {_said(stored)}")
+        raise SlurmError(f"sacctmgr could not set job {job_id}'s {field}: {said(stored)}")
     return "slurmdbd"
 
 
@@ -284,10 +284,10 @@ def get_admin_comment(job_id: str, sacct: str = "sacct", field: str = "AdminComm
     delimiter = fresh_delimiter()
     fields: tuple[str, ...] = (field, "AllocTRES", "JobIDRaw", "JobID")
     fields += ("User", "Account") if owner else ()
-    done = _run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-n", "-P", f"--delimiter={delimiter}",
+    done = run_slurm([sacct, "-j", check_job_id(job_id), "-X", "-n", "-P", f"--delimiter={delimiter}",
                        "--format=" + ",".join(fields)], 30)
     if done.returncode != 0:
-        raise SlurmError(f"sacct failed: {_said(done)}")
+        raise SlurmError(f"sacct failed: {said(done)}")
     rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
     row = next((r for r in rows if r["JobIDRaw"] == job_id), rows[0] if rows else None)
     if row is None:
@@ -297,9 +297,12 @@ def get_admin_comment(job_id: str, sacct: str = "sacct", field: str = "AdminComm
     return Comment(row[field], row["AllocTRES"], task, row.get("User", ""), row.get("Account", ""))
 
 
-def _run_slurm(command: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+def run_slurm(command: list[str], timeout: float, env: dict[str, str] | None = None,
+              ) -> subprocess.CompletedProcess[bytes]:
+    """A Slurm command, its failure to start or answer a SlurmError; `env` adds to ours."""
     try:
-        return subprocess.run(command, capture_output=True, timeout=timeout, check=False)
+        return subprocess.run(command, capture_output=True, timeout=timeout, check=False,
+                              env=None if env is None else {**os.environ, **env})
     except FileNotFoundError as exc:
         raise SlurmError(f"{command[0]} not found: set it in [slurm]") from exc
     except OSError as exc:
@@ -308,7 +311,8 @@ def _run_slurm(command: list[str], timeout: float) -> subprocess.CompletedProces
         raise SlurmError(f"{command[0]} did not answer within {timeout:g} s") from exc
 
 
-def _said(done: subprocess.CompletedProcess[bytes]) -> str:
+def said(done: subprocess.CompletedProcess[bytes]) -> str:
+    """What a failed Slurm command said: its last line."""
     lines = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
     return lines[-1] if lines else f"exit status {done.returncode}"
 
@@ -388,10 +392,10 @@ def period_jobs(since: str, until: str, sacct: str = "sacct", user: str | None =
     delimiter = fresh_delimiter()
     fields = (*FIELDS, "AllocTRES")
     who = ["-u", user] if user else ["-a"]
-    done = _run_slurm([sacct, *who, "-X", "-D", "-P", "-n", f"--delimiter={delimiter}", "-S", since,
+    done = run_slurm([sacct, *who, "-X", "-D", "-P", "-n", f"--delimiter={delimiter}", "-S", since,
                        "-E", until, "--format=" + ",".join(fields)], PERIOD_TIMEOUT_S)
     if done.returncode != 0:
-        raise SlurmError(f"sacct failed: {_said(done)}")
+        raise SlurmError(f"sacct failed: {said(done)}")
     rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
     return [job_from_rows(row["JobID"], [row]) for row in rows]
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass, replace
 from email.message import EmailMessage
@@ -43,7 +41,7 @@ from ..model import IDLE_UTIL, RUNNING, NodeSummary
 from ..node.verify import GPU_USE_NONE, UNVERIFIED, VERIFIED
 from ..report.render import render_idle
 from ..sacct import JOB_ID, check_job_id, fresh_delimiter
-from ..slurm import RunningJob, cancel_job
+from ..slurm import RunningJob, cancel_job, run_slurm, said
 from ..store.base import Store
 from .message import new_message, recipients, sender
 from .outbox import Outbox, held_alone, safe_name, write_whole
@@ -123,9 +121,9 @@ def cluster_name(scontrol: str = "scontrol") -> str:
     """slurmctld's own ClusterName: the name its prologs give every row this cluster's
     nodes write (SLURM_CLUSTER_NAME), asked once a pass. Not a setting of ours: a copied
     config would name the wrong cluster, and the watch would act on another's jobs."""
-    done = _slurm([scontrol, "show", "config"], 30)
+    done = run_slurm([scontrol, "show", "config"], 30)
     if done.returncode != 0:
-        raise SlurmError(f"scontrol show config failed: {_said(done)}")
+        raise SlurmError(f"scontrol show config failed: {said(done)}")
     for line in done.stdout.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "ClusterName" and value.strip():
@@ -154,11 +152,11 @@ def job_now(job_id: str, squeue: str = "squeue") -> JobNow | None:
     form = ",".join(f"{name}:0{delimiter}" for name, _ in SQUEUE_FIELDS)
     # StartTime in epoch seconds (Slurm's strftime): no local time to read back, whose
     # hour a change from summer time makes ambiguous, whatever the site's format says
-    done = _slurm([squeue, "-h", "-j", job_id, "-O", form], 30, {"SLURM_TIME_FORMAT": "%s"})
+    done = run_slurm([squeue, "-h", "-j", job_id, "-O", form], 30, {"SLURM_TIME_FORMAT": "%s"})
     if done.returncode != 0:
-        if "Invalid job id" in _said(done):
+        if "Invalid job id" in said(done):
             return None
-        raise SlurmError(f"squeue failed: {_said(done)}")
+        raise SlurmError(f"squeue failed: {said(done)}")
     rows = squeue_rows(done.stdout.decode("utf-8", "replace"), delimiter, job_id)
     return next((row for row in rows if row.job_id == job_id), None)
 
@@ -193,24 +191,6 @@ def _start(text: str) -> float | None:
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return None
-
-
-def _slurm(command: list[str], timeout: float, env: dict[str, str] | None = None,
-           ) -> subprocess.CompletedProcess[bytes]:
-    try:
-        return subprocess.run(command, capture_output=True, timeout=timeout, check=False,
-                              env=None if env is None else {**os.environ, **env})
-    except FileNotFoundError as exc:
-        raise SlurmError(f"{command[0]} not found: set it in [slurm]") from exc
-    except OSError as exc:
-        raise SlurmError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmError(f"{command[0]} did not answer within {timeout:g} s") from exc
-
-
-def _said(done: subprocess.CompletedProcess[bytes]) -> str:
-    lines = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
-    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 @dataclass(frozen=True)
