@@ -746,15 +746,22 @@ def _blocked(who: Account, path: str, want: str, make: str = "wx") -> tuple[str,
     return None
 
 
+def _unsafe_above(name: str, what: str, path: str, who: Account) -> Check | None:
+    """A directory above SlurmUser's `path` that someone else can change: a failed check."""
+    bad = _unsafe_dirs(path, owners=(0, who.uid))
+    if not bad:
+        return None
+    return Check(name, False, (f"{bad[0][1]} is above {what} {path}: a user who can change it can put a "
+                               "link where SlurmUser writes"), _dir_fix(bad[0][0]))
+
+
 def _mail_spool(config: Config, who: Account) -> Check:
     path = config.mail_spool_dir
     group = _group(who.gid)
     make = f"install -d -o {who.name} -g {group} -m 0700 {path}"
-    bad = _unsafe_dirs(path, owners=(0, who.uid))
-    if bad:
-        return Check("mail-spool", False, (
-            f"{bad[0][1]} is above the mail spool {path}: a user who can change it can put a link where "
-            "SlurmUser writes"), _dir_fix(bad[0][0]))
+    unsafe = _unsafe_above("mail-spool", "the mail spool", path, who)
+    if unsafe is not None:
+        return unsafe
     if os.path.isdir(path):
         info = os.stat(path)
         if info.st_uid != who.uid or info.st_mode & 0o077:
@@ -796,11 +803,9 @@ def _mail_log(config: Config, who: Account) -> Check:
     directory = os.path.dirname(path)
     group = _group(who.gid)
     make = f"install -d -o {who.name} -g {group} -m 0700 {directory}"
-    bad = _unsafe_dirs(path, owners=(0, who.uid))
-    if bad:
-        return Check("mail-log", False, (
-            f"{bad[0][1]} is above the mail log {path}: a user who can change it can put a link where "
-            "SlurmUser writes"), _dir_fix(bad[0][0]))
+    unsafe = _unsafe_above("mail-log", "the mail log", path, who)
+    if unsafe is not None:
+        return unsafe
     if not os.path.isdir(directory):
         # the MailProg would make it (the last part only) with slurmctld's umask: readable by all
         return Check("mail-log", False, f"{directory} does not exist: {who.name} cannot make it, or would "
