@@ -45,6 +45,10 @@ IDLE_S = 70  # an idle job's idle phase: long enough for an alert, delivery and 
 OPT_OUT = "gpueff:idle-ok"
 FAULT_GAP_S = (15, 35)  # seconds between two faults
 NODES = ("gpu1", "gpu2")  # the default partition's nodes (mig1 is a partition of its own)
+# A phase of NVML errors on a GPU leaves the look at the node's GPUs incomplete, so a job
+# beside it that never opened its GPU cannot be told unused (alerting admins, never
+# cancelling): the NVML-error jobs keep to one node, the jobs that must be alerted to the other.
+NVML_NODE, IDLE_NODE = NODES[1], NODES[0]
 
 # kind -> weight; each kind says whether it works its GPUs (never to be cancelled) or idles
 KINDS = {
@@ -133,12 +137,13 @@ class Soak:
         elif kind == "busy_nvml_errors":  # NVML fails on the GPU for 12 s while it works
             errors = [*phases((4, 90)), {"seconds": 12, "gpus": {"*": {"util": 90, "nvml_error": True}}},
                       *phases((6, 90))]
-            job = cluster.submit_profile(user, cluster.profile(errors), "--gres=gpu:1", *common)
+            job = cluster.submit_profile(user, cluster.profile(errors), "--gres=gpu:1", "-w", NVML_NODE,
+                                         *common)
         elif kind == "idle_open":
             job = cluster.submit_profile(user, cluster.profile(phases((3, 90), (IDLE_S, 0))), "--gres=gpu:1",
-                                         *common)
+                                         "-w", IDLE_NODE, *common)
         elif kind == "idle_never":
-            job = cluster.submit(user, f"sleep {IDLE_S}", "--gres=gpu:1", *common)
+            job = cluster.submit(user, f"sleep {IDLE_S}", "--gres=gpu:1", "-w", IDLE_NODE, *common)
         elif kind == "idle_exempt":
             exempt = phases((3, 90), (IDLE_S // 2, 0))
             job = cluster.submit_profile(user, cluster.profile(exempt), "--gres=gpu:1",
@@ -353,6 +358,7 @@ def test_the_soak(cluster: Cluster, smtp: Server, soak_policy: None) -> None:
                "busy_cancelled": [], "busy_alerted": [], "inbox_matched_busy": [],
                "idle_not_alerted_once": [], "alerted_twice": [], "mailed_twice": [],
                "summaries_lost": [], "nodes_drained": sorted(set(soak.drained)), "hit": {},
+               "idle_checked_once": 0,
                "unsampled": soak.unsampled}
     did = watch_did(cluster)
     for job in soak.jobs:
@@ -372,6 +378,8 @@ def test_the_soak(cluster: Cluster, smtp: Server, soak_policy: None) -> None:
         elif job.busy and got["alert"]:  # the inbox's subject matching, not the watch: said, not failed
             figures["inbox_matched_busy"].append((job.submitted, subjects))
         alerted_once = got["alert"] == 1 and job.state.startswith("CANCELLED")
+        if job.kind in ALERTED_KINDS and not job.hit:
+            figures["idle_checked_once"] += 1
         if job.kind in ALERTED_KINDS and not job.hit and not alerted_once:
             figures["idle_not_alerted_once"].append((job.submitted, job.kind, job.state, dict(got)))
         if job.kind in ("idle_exempt", "idle_short") and got["alert"]:
@@ -392,6 +400,7 @@ def test_the_soak(cluster: Cluster, smtp: Server, soak_policy: None) -> None:
     assert figures["runs"] >= JOBS
     assert not figures["busy_cancelled"] and not figures["busy_alerted"]
     assert not figures["idle_not_alerted_once"]
+    assert figures["idle_checked_once"] >= JOBS // 20, "too few idle jobs untouched by a fault to check"
     assert not figures["alerted_twice"] and not figures["mailed_twice"]
     assert not figures["summaries_lost"]
     assert not figures["nodes_drained"]
