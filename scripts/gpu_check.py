@@ -551,7 +551,7 @@ def phase_report(summary: dict[str, Any], phase: str, job_id: str) -> tuple[str,
     from slurm_gpu_eff.model import NodeSummary
     from slurm_gpu_eff.report.job import build_report
     from slurm_gpu_eff.report.render import render_json, render_text
-    from slurm_gpu_eff.slurm import SlurmJob
+    from slurm_gpu_eff.slurm.records import SlurmJob
 
     node = NodeSummary.from_dict(summary)
     start = node.run_started_at or node.started_at or time.time()

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
-    from .sacct import SacctRun
+    from .slurm.sacct import SacctRun
 
 INTERNAL_ERROR = 70
 
@@ -152,18 +152,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace, early: SacctRun | None = None) -> str:
-    from .slurm import SacctQuery
+    from .slurm.access import connect
 
     config = load_config(args.config)
-    same = early is not None and ((early.job_id, early.sacct, early.comment_field)
-                                  == (args.job_id.strip(), config.sacct, config.comment_field))
-    query = SacctQuery(args.job_id, config.sacct, config.scontrol, run=early if same else None,
-                       comment_field=config.comment_field)
+    slurm = connect(config, early)
     from .report.hints import HintSettings
     from .report.lookup import job_report
     from .report.render import render_json, render_text
 
-    report = job_report(query, partial(_read_store, config.store_read_url),
+    report = job_report(slurm, args.job_id, partial(_read_store, config.store_read_url),
                         HintSettings.from_config(config.hints))
     return render_json(report) if args.json else render_text(report)
 
@@ -194,7 +191,7 @@ def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
     from .report.hints import HintSettings
     from .report.usage import cluster_median, sacct_time, usage_report
     from .report.usage import sync as sync_usage
-    from .slurm import period_jobs
+    from .slurm.access import connect
     from .store import open_store
     from .store.usage import last_sync
 
@@ -210,7 +207,7 @@ def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
         if writer:
             _progress(f"asking Slurm's accounting for jobs from {sacct_time(period.since)} "
                       f"to {sacct_time(period.until)}...")
-            jobs = period_jobs(sacct_time(period.since), sacct_time(period.until), config.sacct)
+            jobs = connect(config).period_jobs(period.since, period.until)
             done = sync_usage(store, jobs, period, partial(_read_store, config.store_read_url),
                               HintSettings.from_config(config.hints), now,
                               lambda n, total: _progress(f"figures of {n} of {total} runs updated"))
@@ -246,14 +243,14 @@ def _mine(config: Any, period: Any, form: str) -> str:
 
     from .report.hints import HintSettings
     from .report.render import render_mine
-    from .report.usage import my_report, sacct_time
-    from .slurm import period_jobs
+    from .report.usage import my_report
+    from .slurm.access import connect
 
     if form == "html":
         raise GpuEffError("--me comes as text, csv or json")
     user = pwd.getpwuid(os.getuid()).pw_name
     _progress("asking Slurm's accounting for your jobs...")
-    jobs = period_jobs(sacct_time(period.since), sacct_time(period.until), config.sacct, user=user)
+    jobs = connect(config).period_jobs(period.since, period.until, user=user)
     _progress("")
     jobs = [j for j in jobs if j.user == user]  # Slurm's answer, held to the question
     try:
@@ -350,7 +347,7 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
     config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
     config = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config)
     try:
-        from .sacct import SacctRun
+        from .slurm.sacct import SacctRun
 
         loaded = load_config(config)
         return SacctRun(argv[0], loaded.sacct, loaded.comment_field)

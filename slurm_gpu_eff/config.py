@@ -78,6 +78,7 @@ class Config:
         # Which field holds them: "AdminComment", or "SystemComment" where a site's own tool
         # needs the AdminComment to itself (jobstats: docs/install.md).
         comment_field: str = "AdminComment",
+        slurm_backend: str = "auto",  # how gpueff asks Slurm: slurm/access.py
         # How often a running job's figures are mirrored there (0: only at its end).
         live_mirror_s: float = 300.0,
         scontrol: str = "scontrol",
@@ -175,6 +176,7 @@ class Config:
         self.squeue = squeue
         self.admin_comment = admin_comment
         self.comment_field = comment_field
+        self.slurm_backend = slurm_backend
         self.live_mirror_s = live_mirror_s
         self.scontrol = scontrol
         self.scancel = scancel
@@ -263,6 +265,7 @@ _KEYS = [
     ("slurm", "squeue", "squeue", str),
     ("slurm", "admin_comment", "admin_comment", bool),
     ("slurm", "comment_field", "comment_field", str),
+    ("slurm", "backend", "slurm_backend", str),
     ("slurm", "live_mirror_s", "live_mirror_s", float),
     ("slurm", "scontrol", "scontrol", str),
     ("slurm", "sacctmgr", "sacctmgr", str),
@@ -305,7 +308,8 @@ _KEYS = [
 # Settings where 0 says something (no live mirror but the end's; no minimum length).
 _ZERO_MEANS = {"live_mirror_s", "mail_min_minutes", "idle_alert_min", "idle_cancel_min"}
 _CHOICES = {"mail_transport": ("smtp", "sendmail"), "mail_smtp_security": ("none", "starttls", "tls"),
-            "comment_field": ("AdminComment", "SystemComment")}
+            "comment_field": ("AdminComment", "SystemComment"),
+            "slurm_backend": ("auto", "commands", "pyslurm")}
 _CHOICES["export_labels"] = ("job", "user")  # node/export.py's LABELS
 
 # Settings where "" says something (no opt-out word); elsewhere "" is the default.

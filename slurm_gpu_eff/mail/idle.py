@@ -32,16 +32,16 @@ import re
 import time
 from dataclasses import dataclass, replace
 from email.message import EmailMessage
-from typing import Any, Protocol
+from typing import Any
 
-from ..config import Config, find_command
-from ..errors import GpuEffError, SlurmError
+from ..config import Config
+from ..errors import GpuEffError
 from ..hostlist import expand_hostlist
 from ..model import IDLE_UTIL, RUNNING, NodeSummary
 from ..node.verify import GPU_USE_NONE, UNVERIFIED, VERIFIED
 from ..report.render import render_idle
-from ..sacct import JOB_ID, check_job_id, fresh_delimiter
-from ..slurm import RunningJob, cancel_job, run_slurm, said
+from ..slurm.base import Slurm
+from ..slurm.records import RunningJob
 from ..store.base import Store
 from .message import new_message, recipients, sender
 from .outbox import Outbox, held_alone, safe_name, write_whole
@@ -79,118 +79,6 @@ class IdleJob:
     @property
     def longest_s(self) -> float:
         return self.gpus[0].seconds
-
-
-@dataclass(frozen=True)
-class JobNow(RunningJob):
-    """The job as squeue shows it now, with what tells this run and this task apart."""
-
-    task_id: str = ""  # the id naming this array task or component alone (1234_7, 1234+1)
-    start_at: float | None = None  # when slurmctld started this run
-
-
-class SlurmAccess(Protocol):
-    def cluster(self) -> str: ...
-
-    def running_job(self, job_id: str) -> JobNow | None: ...
-
-    def cancel(self, job_id: str, cluster: str, reason: str) -> None: ...
-
-
-class SlurmCommands:
-    """SlurmAccess through Slurm's commands, as configured."""
-
-    def __init__(self, config: Config) -> None:
-        self.commands = {name: find_command(getattr(config, name))
-                         for name in ("squeue", "scontrol", "scancel", "sacct", "sacctmgr")}
-        self.field = config.comment_field  # the reason goes where the site keeps our figures
-
-    def cluster(self) -> str:
-        return cluster_name(self.commands["scontrol"])
-
-    def running_job(self, job_id: str) -> JobNow | None:
-        return job_now(job_id, self.commands["squeue"])
-
-    def cancel(self, job_id: str, cluster: str, reason: str) -> None:
-        cancel_job(job_id, cluster, reason, self.commands, field=self.field)
-
-
-# -- what Slurm says ------------------------------------------------------------------------------
-
-def cluster_name(scontrol: str = "scontrol") -> str:
-    """slurmctld's own ClusterName: the name its prologs give every row this cluster's
-    nodes write (SLURM_CLUSTER_NAME), asked once a pass. Not a setting of ours: a copied
-    config would name the wrong cluster, and the watch would act on another's jobs."""
-    done = run_slurm([scontrol, "show", "config"], 30)
-    if done.returncode != 0:
-        raise SlurmError(f"scontrol show config failed: {said(done)}")
-    for line in done.stdout.decode("utf-8", "replace").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "ClusterName" and value.strip():
-            return value.strip()
-    raise SlurmError("scontrol show config names no ClusterName")
-
-
-# squeue's names for JobNow's fields, in order. JobID is the job's own (raw) id, one per
-# array task and component; JobArrayID the name of the task alone (%i: 1234_7, 1234+1).
-SQUEUE_FIELDS = (
-    ("JobID", "job_id"), ("JobArrayID", "task_id"), ("Name", "name"), ("UserName", "user"),
-    ("Account", "account"), ("Partition", "partition"), ("State", "state"), ("BatchFlag", "batch"),
-    ("Comment", "comment"), ("TimeLimit", "time_limit"), ("TimeUsed", "run_time"),
-    ("NodeList", "nodes"), ("tres-alloc", "tres"), ("StartTime", "start_at"),
-)
-
-
-def job_now(job_id: str, squeue: str = "squeue") -> JobNow | None:
-    """The job whose own id is `job_id` while slurmctld holds it; None once it is gone.
-    `squeue -j` on an array's id lists every task of it (the last task keeps the array's
-    id as its own), on a heterogeneous job's every component: the row of this id is the
-    one. Each field ends with a fresh delimiter, so no name or comment forges another."""
-    job_id = check_job_id(job_id)
-    delimiter = fresh_delimiter()
-    # ":0": no width, so nothing is cut or padded; the suffix ends each field
-    form = ",".join(f"{name}:0{delimiter}" for name, _ in SQUEUE_FIELDS)
-    # StartTime in epoch seconds (Slurm's strftime): no local time to read back, whose
-    # hour a change from summer time makes ambiguous, whatever the site's format says
-    done = run_slurm([squeue, "-h", "-j", job_id, "-O", form], 30, {"SLURM_TIME_FORMAT": "%s"})
-    if done.returncode != 0:
-        if "Invalid job id" in said(done):
-            return None
-        raise SlurmError(f"squeue failed: {said(done)}")
-    rows = squeue_rows(done.stdout.decode("utf-8", "replace"), delimiter, job_id)
-    return next((row for row in rows if row.job_id == job_id), None)
-
-
-def squeue_rows(text: str, delimiter: str, job_id: str) -> list[JobNow]:
-    """squeue's rows: every field, the last of a row too, ends with the delimiter, and a
-    newline parts the rows (it begins the next row's first field)."""
-    if not text.strip():
-        return []
-    values, width = text.split(delimiter), len(SQUEUE_FIELDS)
-    if (len(values) - 1) % width or values[-1].strip():
-        raise SlurmError(f"squeue gave {len(values) - 1} fields for job {job_id}, not rows of {width}")
-    return [_job_now(values[at:at + width]) for at in range(0, len(values) - 1, width)]
-
-
-def _job_now(values: list[str]) -> JobNow:
-    fields = {key: (value if key in ("name", "comment") else value.strip())
-              for (_, key), value in zip(SQUEUE_FIELDS, values, strict=True)}
-    if fields["comment"] == "(null)":
-        fields["comment"] = ""
-    task_id, start, batch = fields.pop("task_id"), fields.pop("start_at"), fields.pop("batch")
-    return JobNow(**fields, batch=batch == "1", task_id=task_id if JOB_ID.match(task_id) else "",
-                  start_at=_start(start))
-
-
-def _start(text: str) -> float | None:
-    """Epoch seconds as asked, or Slurm's standard local time (a squeue that ignored
-    SLURM_TIME_FORMAT); None for "N/A", "Unknown": no start to compare with."""
-    if text.isdigit():
-        return float(text)
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -302,7 +190,7 @@ def _idle_job(cluster: str, job_id: str, nodes: list[NodeSummary], idle: list[Id
 EARLY_S, LATE_S = 2.0, 30.0
 
 
-def not_this_run(job: IdleJob, now: JobNow) -> str | None:
+def not_this_run(job: IdleJob, now: RunningJob) -> str | None:
     """Why the job squeue shows is not the run the store holds (None: it is)."""
     if not job.user or now.user != job.user:
         return f"squeue's job {job.job_id} belongs to {now.user!r}, the store's run to {job.user!r}"
@@ -396,7 +284,7 @@ class Ledger:
 # -- one pass ------------------------------------------------------------------------------------
 
 
-def check(config: Config, store: Store, slurm: SlurmAccess, box: Outbox, now: float) -> list[str]:
+def check(config: Config, store: Store, slurm: Slurm, box: Outbox, now: float) -> list[str]:
     """One look at this cluster's running jobs; what was done (for the log), messages in
     the outbox. Raises SlurmError when Slurm cannot say which cluster this is: then no job
     is acted on."""
@@ -416,7 +304,7 @@ def check(config: Config, store: Store, slurm: SlurmAccess, box: Outbox, now: fl
                 for done in [_act_alone(job, policy, config, slurm, box, ledger, now)] if done]
 
 
-def _act_alone(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: Outbox,
+def _act_alone(job: IdleJob, policy: Policy, config: Config, slurm: Slurm, box: Outbox,
                ledger: Ledger, now: float) -> str:
     """_act, whose failure is this job's alone: logged, and the other jobs are checked."""
     try:
@@ -428,7 +316,7 @@ def _act_alone(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess,
     return ""
 
 
-def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: Outbox,
+def _act(job: IdleJob, policy: Policy, config: Config, slurm: Slurm, box: Outbox,
          ledger: Ledger, now: float) -> str:
     record = ledger.get(job.key)
     if record.get("broken") or record.get("cancelled_at") or record.get("cancel_error"):
@@ -467,7 +355,7 @@ def _act(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, box: 
     return _cancel(job, policy, config, slurm, facts, box, ledger, record, now)
 
 
-def _alert(job: IdleJob, policy: Policy, config: Config, facts: JobNow, box: Outbox, ledger: Ledger,
+def _alert(job: IdleJob, policy: Policy, config: Config, facts: RunningJob, box: Outbox, ledger: Ledger,
            record: dict[str, Any], now: float) -> str:
     # recorded first: an alert is never sent twice, whatever happens next
     ledger.put(job.key, {**record, "alerted_at": now, "gpus": [g.__dict__ for g in job.gpus]})
@@ -476,7 +364,7 @@ def _alert(job: IdleJob, policy: Policy, config: Config, facts: JobNow, box: Out
     return f"job {job.job_id}: alerted {facts.user} (GPU idle {job.longest_s / 60:.1f} min)"
 
 
-def _cancel(job: IdleJob, policy: Policy, config: Config, slurm: SlurmAccess, facts: JobNow, box: Outbox,
+def _cancel(job: IdleJob, policy: Policy, config: Config, slurm: Slurm, facts: RunningJob, box: Outbox,
             ledger: Ledger, record: dict[str, Any], now: float) -> str:
     reason = cancel_reason(job)
     # recorded first: the job's end mail may be made before this call returns
@@ -502,7 +390,7 @@ def _tell_once(ledger: Ledger, job: IdleJob, record: dict[str, Any], said: tuple
         log.log(level, "%s", note)
 
 
-def _doubt_note(job: IdleJob, facts: JobNow, doubt: str) -> str:
+def _doubt_note(job: IdleJob, facts: RunningJob, doubt: str) -> str:
     g = job.gpus[0]
     return (f"job {job.job_id} ({facts.user}): GPU {g.index} on {g.node} reads idle for {span(g.seconds)}, "
             f"but the sampler could not verify that the GPUs it read are the job's: {doubt}. Neither "
@@ -578,7 +466,7 @@ def cancel_reason(job: IdleJob) -> str:
             f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(g.since))}")
 
 
-def _mail(box: Outbox, config: Config, facts: JobNow, kind: str, job: IdleJob, policy: Policy,
+def _mail(box: Outbox, config: Config, facts: RunningJob, kind: str, job: IdleJob, policy: Policy,
           now: float) -> bool:
     """The message into the outbox (the alert with a receipt: the cancel clock's start)."""
     try:
@@ -590,7 +478,7 @@ def _mail(box: Outbox, config: Config, facts: JobNow, kind: str, job: IdleJob, p
     return True
 
 
-def idle_message(config: Config, facts: JobNow, kind: str, job: IdleJob, policy: Policy,
+def idle_message(config: Config, facts: RunningJob, kind: str, job: IdleJob, policy: Policy,
                  now: float) -> tuple[EmailMessage, list[str]]:
     # The job's owner (at [mail] domain, as Slurm's MailDomain). Not its --mail-user:
     # nothing of Slurm 22.05's tells it apart from what the user wrote in the job's comment

@@ -25,15 +25,18 @@ from dataclasses import replace
 from email.message import EmailMessage
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config import Config, find_command, load_config
+from ..config import Config, load_config
 from ..errors import GpuEffError, NoGpus
 from ..model import RUNNING
 from . import idle
 from .message import header_safe, plain_notice, recipients, report_message, sender
 from .notice import Notice, parse_args, read_notice
 from .outbox import Delivered, MailError, Outbox, Sendmail, Smtp, Transport
+
+if TYPE_CHECKING:
+    from ..slurm.base import Slurm
 
 POLL_S = 5.0  # how often the worker looks again for the summary and accounting
 USAGE = """usage: gpueff-mail -s SUBJECT RECIPIENT   Slurm's MailProg (slurm.conf MailProg=)
@@ -247,7 +250,7 @@ WATCH_FLUSH_MAX_S = 20.0
 
 
 def idle_pass(config: Config, clock: Callable[[], float] = time.time, transport: Transport | None = None,
-              slurm: idle.SlurmAccess | None = None) -> int:
+              slurm: Slurm | None = None) -> int:
     """One idle-GPU check, then a bounded flush; never raises (it runs as a service).
     The flush runs whatever the check did: a store or Slurm away stops no mail."""
     _logging(config)
@@ -260,15 +263,23 @@ def idle_pass(config: Config, clock: Callable[[], float] = time.time, transport:
     return 0 if checked and flushed == 0 else 1
 
 
-def _idle_check(config: Config, clock: Callable[[], float], slurm: idle.SlurmAccess | None) -> bool:
+_SAID: set[str] = set()
+
+
+def _idle_check(config: Config, clock: Callable[[], float], slurm: Slurm | None) -> bool:
     if config.idle_alert_min <= 0:
         return True
     try:
+        from ..slurm.access import connect
         from ..store import open_store
 
         box = Outbox(config.mail_spool_dir).make()
+        slurm = slurm or connect(config)
+        if slurm.why and slurm.why not in _SAID:  # which backend asks Slurm: once a process
+            _SAID.add(slurm.why)
+            log.info("gpueff-mail: Slurm through %s: %s", slurm.name, slurm.why)
         with open_store(config.store_read_url, readonly=True) as store:
-            for line in idle.check(config, store, slurm or idle.SlurmCommands(config), box, clock()):
+            for line in idle.check(config, store, slurm, box, clock()):
                 log.info("%s", line)
     except GpuEffError as exc:  # the store or Slurm away: said, and the next pass tries again
         log.error("gpueff-mail: idle check failed: %s", exc)
@@ -368,13 +379,11 @@ def find_report(notice: Notice, config: Config) -> Any:
     line read from the field `[slurm] comment_field` names)."""
     from ..report.hints import HintSettings
     from ..report.lookup import job_report
-    from ..slurm import SacctQuery
+    from ..slurm.access import connect
     from ..store import open_store
 
-    query = SacctQuery(notice.job_id, find_command(config.sacct), find_command(config.scontrol),
-                       comment_field=config.comment_field)
-    return job_report(query, partial(open_store, config.store_read_url, readonly=True),
-                      HintSettings.from_config(config.hints))
+    read_store = partial(open_store, config.store_read_url, readonly=True)
+    return job_report(connect(config), notice.job_id, read_store, HintSettings.from_config(config.hints))
 
 
 def _ready(report: Any) -> bool:

@@ -7,9 +7,10 @@ library only: the sampler runs it."""
 from __future__ import annotations
 
 import os
-import subprocess
 
 from ..config import Config, find_command
+from ..errors import SlurmError
+from ..slurm.run import job_state
 from .jobenv import JobContext, job_cgroup_exists
 from .log import HookLog
 
@@ -41,17 +42,11 @@ class OrphanWatch:
         """True unless squeue answers that the job is gone or finished; an unreachable
         controller is no proof of anything."""
         try:
-            done = subprocess.run(
-                [self.squeue, "-h", "-j", self.job.job_id, "-o", "%T"],
-                capture_output=True, text=True, timeout=30, check=False,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
+            state = job_state(self.job.job_id, self.squeue)
+        except SlurmError as exc:
             self._tell(f"cannot run {self.squeue} ([slurm] squeue): {exc}")
             return True
-        if done.returncode != 0 and "Invalid job id" not in done.stderr:
-            self._tell(f"{self.squeue} failed: {(done.stderr.strip().splitlines() or ['?'])[0]}")
-            return True
-        return done.stdout.strip() in ("RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING")
+        return state in ("RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING")
 
     def _tell(self, what: str) -> None:
         if self.log is not None and not self.told:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ..errors import StoreError
 from ..mirror import MirrorError, digest, figures, imitated, parse_admin_comment
 from ..model import NodeSummary
-from ..slurm import SlurmJob
+from ..slurm.records import SlurmJob
 from ..store.base import Store
 
 

@@ -10,7 +10,7 @@ import time
 from ..errors import NoGpus, NoSummary
 from ..hostlist import expand_hostlist
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
-from ..slurm import SlurmJob
+from ..slurm.records import SlurmJob
 from .hints import HintSettings, evaluate, verdict
 from .shapes import GpuLine, GroupReport, JobReport, clock, shared_with_shown, with_another_job
 

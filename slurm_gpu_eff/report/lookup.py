@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import NotPermitted
-from ..slurm import SacctQuery
+from ..slurm.base import Slurm
 from ..store.base import Store
 from .figures import from_store_alone, gather
 from .hints import HintSettings
@@ -15,13 +15,14 @@ from .job import build_group, build_report
 from .shapes import GroupReport, JobReport
 
 
-def job_report(query: SacctQuery, read_store: Callable[[], Store],
+def job_report(slurm: Slurm, job_id: str, read_store: Callable[[], Store],
                settings: HintSettings) -> JobReport | GroupReport:
     """One run's report, or an array's (or a requeued job's runs) as a group."""
+    job_id = job_id.strip()
     try:
-        found = gather(query.jobs(), read_store)
+        found = gather(slurm.jobs(job_id), read_store)
     except NotPermitted:
-        alone = from_store_alone(query.job_id, read_store)  # the admin group reads the store
+        alone = from_store_alone(job_id, read_store)  # the admin group reads the store
         if alone is None:
             raise
         found = [alone]
@@ -31,4 +32,4 @@ def job_report(query: SacctQuery, read_store: Callable[[], Store],
         report.source, report.notes = f.source, f.notes + report.notes
         return report
     parts = [(f.job, f.summaries, f.unavailable) for f in found]
-    return build_group(query.job_id, parts, settings)
+    return build_group(job_id, parts, settings)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import IDLE_UTIL, GpuSummary
-from ..slurm import SlurmJob
+from ..slurm.records import SlurmJob
 
 # Every metric the sampler may measure; the report gives each a _mean and a _max,
 # null when it was not measured (not supported here, or no GPM), never 0.

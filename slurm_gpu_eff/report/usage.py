@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import NoGpus, NoSummary, UsageError
 from ..hostlist import expand_hostlist
 from ..model import IDLE_UTIL
-from ..slurm import SlurmJob, parse_tres
+from ..slurm.records import SlurmJob, parse_tres, sacct_time
 from ..store.base import HINT_BITS, Store
 from ..store.usage import (
     GROUPINGS,
@@ -67,10 +67,6 @@ def parse_when(text: str, now: float) -> float:
         except (ValueError, OverflowError):
             continue
     raise UsageError(f"{text!r} is not a time: say 2026-11-01, 2026-11-01T08:00:00 or now-7days")
-
-
-def sacct_time(epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config import Config, find_command, load_config
+from ..config import Config, load_config
 from ..errors import GpuEffError, SpoolError, StoreError, StoreRejected
 from ..model import MISSING, NodeSummary
 from ..node.log import HookLog
@@ -52,7 +52,7 @@ from . import Store, open_store
 from .base import run_of
 
 if TYPE_CHECKING:
-    from ..slurm import Comment
+    from ..slurm.records import Comment
 
 
 @dataclass
@@ -367,19 +367,17 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
     Runs in the detached deliverer: a slow slurmctld or slurmdbd costs no job anything; a
     failure is logged, and the store keeps the figures."""
     from ..mirror import MAX_CHARS, admin_comment, our_part, site_text, with_site_text
-    from ..slurm import allocated_gpus, get_admin_comment, set_admin_comment
+    from ..slurm.access import connect
+    from ..slurm.records import allocated_gpus
 
-    commands = {name: find_command(getattr(config, name)) for name in ("scontrol", "sacctmgr", "sacct")}
+    slurm = connect(config)
     comment_field = config.comment_field
-
-    def write(job_id: str, cluster: str, text: str, running: bool = False) -> str:
-        return set_admin_comment(job_id, cluster, text, commands["scontrol"], commands["sacctmgr"],
-                                 running=running, field=comment_field)
+    write = slurm.set_comment
 
     def line(job_id: str, run: float, every: list[NodeSummary]) -> tuple[str, str, str]:
         """Our part, the field to write (as it stands, with our part in it), and the id to
         write it with (an array task's own)."""
-        now = get_admin_comment(job_id, commands["sacct"], comment_field, owner=True)
+        now = slurm.comment(job_id, owner=True)
         summaries, others = same_job(every, run)
         check_owner(job_id, now, summaries)
         room = MAX_CHARS - len(site_text(now.text)) - 1  # a site's own text counts too
@@ -403,7 +401,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         sleep(MIRROR_RECHECK_S)
         for task, cluster, ours in written:
             try:
-                now = get_admin_comment(task, commands["sacct"], comment_field).text
+                now = slurm.comment(task).text
                 if (our_part(now) or "").lower() != ours.lower():
                     write(task, cluster, with_site_text(now, ours))
             except GpuEffError as exc:

@@ -15,7 +15,7 @@ from slurm_gpu_eff.mail.chart import BANDS
 from slurm_gpu_eff.mail.message import report_message
 from slurm_gpu_eff.mail.notice import read_notice
 from slurm_gpu_eff.report.job import build_report
-from slurm_gpu_eff.slurm import SlurmJob
+from slurm_gpu_eff.slurm.records import SlurmJob
 from tests.integration.test_usage_html_chromium import colours, near, png_rows, screenshot
 
 GIB = 1024**3

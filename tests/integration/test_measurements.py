@@ -89,11 +89,11 @@ def test_three_node_job_merges_nodes_and_says_which_part_is_missing(cluster: Clu
                                  (job,)) == 1
     remirror = ("import sys\nfrom slurm_gpu_eff.config import load_config\n"
                 "from slurm_gpu_eff.mirror import admin_comment\n"
-                "from slurm_gpu_eff.slurm import set_admin_comment\n"
+                "from slurm_gpu_eff.slurm.access import connect\n"
                 "from slurm_gpu_eff.store import open_store\n"
                 "c = load_config()\nwith open_store(c.store_url) as store:\n"
                 "    s = store.node_summaries(sys.argv[1])\n"
-                "set_admin_comment(sys.argv[1], s[0].cluster, admin_comment(s, 6))\n")
+                "connect(c).set_comment(sys.argv[1], s[0].cluster, admin_comment(s, 6))\n")
     done = cluster.run([cluster.python, "-c", remirror, job])
     assert done.code == 0, done.err
     data = cluster.gpueff(job, "bob", "--json").json()

@@ -25,7 +25,8 @@ from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.node.gpu import GpuSession
 from slurm_gpu_eff.sim.profile import parse_profile
 from slurm_gpu_eff.sim.workload import state_path, state_record
-from slurm_gpu_eff.slurm import DELIMITER, FIELDS, SlurmJob
+from slurm_gpu_eff.slurm.records import SlurmJob
+from slurm_gpu_eff.slurm.sacct import DELIMITER, FIELDS
 from tests import standin
 from tests.configfile import write_config
 

@@ -24,6 +24,11 @@ from slurm_gpu_eff.mail import idle, prog
 from slurm_gpu_eff.mail.outbox import MailError, Outbox
 from slurm_gpu_eff.node.jobenv import JobContext
 from slurm_gpu_eff.node.sampler import GpuStats, Sampler
+from slurm_gpu_eff.slurm import commands
+from slurm_gpu_eff.slurm.access import connect
+from slurm_gpu_eff.slurm.base import Slurm
+from slurm_gpu_eff.slurm.commands import Commands
+from slurm_gpu_eff.slurm.records import RunningJob
 from slurm_gpu_eff.store import open_store
 from slurm_gpu_eff.store.base import Store
 from tests.configfile import write_config
@@ -177,10 +182,10 @@ def test_only_running_jobs_with_a_gpu_idle_past_the_alert_minute_and_a_fresh_cop
 
 # -- the policy -------------------------------------------------------------------------------------
 
-def job(**changes: Any) -> idle.JobNow:
+def job(**changes: Any) -> RunningJob:
     """The job squeue shows: the store's run of `running()` (alice's, on gpu1 and gpu2,
     started when its prolog ran)."""
-    base = idle.JobNow(job_id="500", name="train", user="alice", account="physics", partition="gpu",
+    base = RunningJob(job_id="500", name="train", user="alice", account="physics", partition="gpu",
                        state="RUNNING", batch=True, comment="", time_limit="4:00:00", run_time="1:00:00",
                        nodes="gpu[1-2]", tres="cpu=8,mem=16G,node=2,billing=8,gres/gpu=4",
                        task_id="500", start_at=NOW - 7200)
@@ -203,11 +208,12 @@ def test_exemptions(changes: dict[str, Any], settings: dict[str, Any], why: str 
 
 # -- one pass, and the next ----------------------------------------------------------------------
 
-class FakeSlurm:
+class FakeSlurm(Slurm):
     """Slurm's side, recorded: this cluster's name, the jobs it holds (by their own id)
     and what it was asked to cancel (by the task's id)."""
 
-    def __init__(self, **jobs: idle.JobNow) -> None:
+    def __init__(self, **jobs: RunningJob) -> None:
+        super().__init__()
         self.name = "gpueffdev"
         self.jobs = dict(jobs)
         self.cancelled: list[tuple[str, str]] = []
@@ -217,12 +223,12 @@ class FakeSlurm:
     def cluster(self) -> str:
         return self.name
 
-    def running_job(self, job_id: str) -> idle.JobNow | None:
+    def running_job(self, job_id: str) -> RunningJob | None:
         if job_id in self.fail_job:
             raise self.fail_job[job_id]
         return self.jobs.get(job_id)
 
-    def cancel(self, job_id: str, cluster: str, reason: str) -> None:
+    def cancel(self, job_id: str, cluster: str, reason: str, sleep: Any = None) -> None:
         if self.fail_cancel:
             raise SlurmError(self.fail_cancel)
         self.cancelled.append((job_id, reason))
@@ -483,13 +489,13 @@ def squeue_row(job_id: str = "500", task_id: str = "500", name: str = "train", u
 
 def test_squeue_fields_come_by_their_delimiter_so_a_name_forges_nothing(tmp_path: Path) -> None:
     guess = "evil\x1f0000000000000000\x1froot"  # a delimiter guessed ahead of time
-    found = idle.job_now("500", fake_squeue(tmp_path, [squeue_row(name=guess)]))
+    found = commands.job_now("500", fake_squeue(tmp_path, [squeue_row(name=guess)]))
     assert found is not None
     assert (found.user, found.batch, found.comment, found.task_id) == ("alice", True, "", "500")
     assert found.name == guess  # all of it the name
     assert found.start_at == NOW - 7200 and found.nodes == "gpu[1-2]"
     assert (tmp_path / "time_format").read_text() == "%s"  # epoch seconds, whatever the site's is
-    epoch = idle.job_now("500", fake_squeue(tmp_path, [squeue_row()[:-1] + [str(int(NOW - 7200))]]))
+    epoch = commands.job_now("500", fake_squeue(tmp_path, [squeue_row()[:-1] + [str(int(NOW - 7200))]]))
     assert epoch is not None and epoch.start_at == NOW - 7200
 
 
@@ -498,44 +504,46 @@ def test_squeue_listing_a_whole_array_gives_the_task_whose_own_id_was_asked(tmp_
     `squeue -j` on it lists every task: the row of that id is the job, named 500_3."""
     squeue = fake_squeue(tmp_path, [squeue_row("501", "500_1", user="bob"), squeue_row("502", "500_2"),
                                      squeue_row("500", "500_3")])
-    found = idle.job_now("500", squeue)
+    found = commands.job_now("500", squeue)
     assert found is not None and (found.job_id, found.task_id) == ("500", "500_3")
-    assert idle.job_now("502", squeue).task_id == "500_2"  # type: ignore[union-attr]
-    assert idle.job_now("503", squeue) is None  # not among them: gone
+    assert commands.job_now("502", squeue).task_id == "500_2"  # type: ignore[union-attr]
+    assert commands.job_now("503", squeue) is None  # not among them: gone
 
 
 def test_squeue_that_no_longer_knows_the_job_means_it_ended(tmp_path: Path) -> None:
     squeue = fake_command(tmp_path, "squeue",
                           'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n')
-    assert idle.job_now("500", squeue) is None
+    assert commands.job_now("500", squeue) is None
     empty = fake_command(tmp_path, "squeue2", "exit 0\n")
-    assert idle.job_now("500", empty) is None
+    assert commands.job_now("500", empty) is None
 
 
 def test_squeue_with_fields_missing_is_an_error_not_a_guess(tmp_path: Path) -> None:
     squeue = fake_command(tmp_path, "squeue", 'echo "500 train alice"\n')
     with pytest.raises(SlurmError, match="fields for job 500"):
-        idle.job_now("500", squeue)
+        commands.job_now("500", squeue)
 
 
-def test_the_cancel_reason_goes_into_the_field_that_holds_our_figures(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    asked: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(idle, "cancel_job", lambda *args, **kw: asked.append((*args[:3], kw["field"])))
-    idle.SlurmCommands(Config(comment_field="SystemComment")).cancel("500_3", "gpueffdev", "gpueff: x")
-    assert asked == [("500_3", "gpueffdev", "gpueff: x", "SystemComment")]
+def test_the_cancel_reason_goes_into_the_field_that_holds_our_figures() -> None:
+    slurm = connect(Config(comment_field="SystemComment", slurm_backend="commands"))
+    assert slurm.name == "commands" and slurm.field == "SystemComment"
 
 
 def test_the_cluster_is_the_one_slurmctld_names(tmp_path: Path) -> None:
     shown = "AccountingStorageType   = x\\nClusterName             = gpueffdev\\nPrivateData = jobs\\n"
     scontrol = fake_command(tmp_path, "scontrol", f'printf "{shown}"\n')
-    assert idle.cluster_name(scontrol) == "gpueffdev"
+    assert commands.cluster_name(scontrol) == "gpueffdev"
     with pytest.raises(SlurmError, match="names no ClusterName"):
-        idle.cluster_name(fake_command(tmp_path, "scontrol2", "echo PrivateData = jobs\n"))
+        commands.cluster_name(fake_command(tmp_path, "scontrol2", "echo PrivateData = jobs\n"))
     with pytest.raises(SlurmError, match="Unable to contact"):
-        idle.cluster_name(fake_command(tmp_path, "scontrol3",
+        commands.cluster_name(fake_command(tmp_path, "scontrol3",
                                        "echo 'Unable to contact slurm controller' >&2; exit 1\n"))
+
+
+def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str], sleep: Any,
+               field: str = "AdminComment") -> None:
+    """A cancel through Slurm's commands, these ones."""
+    Commands(Config(**commands, comment_field=field)).cancel(job_id, cluster, reason, sleep=sleep)
 
 
 # -- the service ---------------------------------------------------------------------------------
@@ -597,8 +605,6 @@ def test_the_note_goes_before_our_line_once(current: str, expected: str) -> None
 
 
 def test_cancelling_writes_the_reason_then_cancels_then_looks_again(tmp_path: Path) -> None:
-    from slurm_gpu_eff.slurm import cancel_job
-
     calls = tmp_path / "calls"
     admin = tmp_path / "admin"
     admin.write_text("gpueff1 status=running util=1.0")
@@ -621,8 +627,6 @@ for a in "$@"; do case $a in AdminComment=*) printf '%s' "${{a#AdminComment=}}" 
 
 
 def test_a_cancel_slurm_refuses_raises(tmp_path: Path) -> None:
-    from slurm_gpu_eff.slurm import cancel_job
-
     sacct = fake_command(tmp_path, "sacct", "exit 0\n")
     sacctmgr = fake_command(tmp_path, "sacctmgr", "exit 0\n")
     scancel = fake_command(tmp_path, "scancel",
@@ -679,8 +683,6 @@ def test_a_later_stretch_is_not_cancelled_on_the_first_one_s_alert(store: Store,
 
 
 def test_a_cancel_whose_second_note_fails_is_still_a_cancel(tmp_path: Path) -> None:
-    from slurm_gpu_eff.slurm import cancel_job
-
     flag = tmp_path / "cancelled"
     sacct = fake_command(tmp_path, "sacct", f'[ -e {flag} ] && exit 1\n'
                                             "d=$(printf '%s\\n' \"$@\" | sed -n 's/^--delimiter=//p')\n"
@@ -855,7 +857,7 @@ def test_an_array_task_is_checked_through_squeue_and_named_by_its_own_id(
                     mail_domain="cluster.example", squeue=squeue, scontrol=scontrol)
     box = Outbox(config.mail_spool_dir).make()
     store.put(running(make_summary, (3600.0,)))
-    assert idle.check(config, store, idle.SlurmCommands(config), box, NOW) == [
+    assert idle.check(config, store, Commands(config), box, NOW) == [
         "job 500: alerted alice (GPU idle 60.0 min)"]
     [alert] = sent(box)
     assert str(alert["Subject"]).startswith("Slurm Job_id=500_3 Name=train: 1 of 1 GPUs idle")

@@ -113,9 +113,10 @@ def test_there_are_no_import_cycles() -> None:
 
 
 # What runs on a node may lean on the ground modules, never on the accounting, store or
-# report code (their imports are slow, and a node must work when they break).
+# report code (their imports are slow, and a node must work when they break). Of the
+# Slurm access layer, only its command runner (the orphan watch's one question).
 NODE_MAY_USE = {"slurm_gpu_eff", "slurm_gpu_eff.errors", "slurm_gpu_eff.model", "slurm_gpu_eff.config",
-                "slurm_gpu_eff.hostlist"}
+                "slurm_gpu_eff.hostlist", "slurm_gpu_eff.slurm", "slurm_gpu_eff.slurm.run"}
 
 
 def test_node_modules_use_only_node_and_ground_modules() -> None:
@@ -128,7 +129,8 @@ def test_node_modules_use_only_node_and_ground_modules() -> None:
 
 
 def test_model_and_errors_import_only_the_standard_library() -> None:
-    for name in ("slurm_gpu_eff.model", "slurm_gpu_eff.errors", "slurm_gpu_eff.node.stats"):
+    for name in ("slurm_gpu_eff.model", "slurm_gpu_eff.errors", "slurm_gpu_eff.node.stats",
+                 "slurm_gpu_eff.slurm", "slurm_gpu_eff.slurm.run", "slurm_gpu_eff.slurm.sacct"):
         outside = {
             i for i in imports(name, modules()[name])
             if i.split(".")[0] not in sys.stdlib_module_names

@@ -730,7 +730,7 @@ def test_the_job_end_report_reads_our_line_from_the_configured_comment_field(
     sacct is asked for that field, and the figures come from it."""
     from slurm_gpu_eff.config import load_config
     from slurm_gpu_eff.mirror import admin_comment
-    from slurm_gpu_eff.sacct import FIELDS
+    from slurm_gpu_eff.slurm.sacct import FIELDS
     from tests.unit.test_slurm import FIXTURES, fake_sacct
 
     line = admin_comment([make_summary(node="gpu2", utils=(90.0, 10.0))], 2).lower()

@@ -183,7 +183,7 @@ def test_the_utilisation_line_counts_only_gpus_whose_utilisation_was_measured() 
     from slurm_gpu_eff.model import GpuSummary
     from slurm_gpu_eff.report.job import build_report
     from slurm_gpu_eff.report.render import render_text
-    from slurm_gpu_eff.slurm import SlurmJob
+    from slurm_gpu_eff.slurm.records import SlurmJob
 
     job = SlurmJob("7", "7", "x", "c", "alice", "a", "gpu", "COMPLETED", "0:0", 600, None,
                    "", "", 1, 1, "n1", 1.0, None, None, 2)

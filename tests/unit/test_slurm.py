@@ -18,22 +18,19 @@ from typing import Any
 
 import pytest
 
+from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import GpuEffError, JobNotFound, NotPermitted, SlurmError, UsageError
-from slurm_gpu_eff.slurm import (
-    DELIMITER,
-    FIELDS,
+from slurm_gpu_eff.slurm.commands import (
+    Commands,
     SacctQuery,
-    check_job_id,
     get_admin_comment,
     get_job,
     get_jobs,
     job_from_rows,
-    parse_duration,
     parse_rows,
-    parse_size,
-    parse_tres,
-    requested_memory,
 )
+from slurm_gpu_eff.slurm.records import parse_duration, parse_size, parse_tres, requested_memory
+from slurm_gpu_eff.slurm.sacct import DELIMITER, FIELDS, check_job_id
 from tests.configfile import write_config
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
@@ -372,7 +369,7 @@ def test_no_rows_where_slurm_hides_other_users_jobs_is_not_permitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, euid: int, private_data: str,
     error: type[GpuEffError], exit_code: int,
 ) -> None:
-    monkeypatch.setattr("slurm_gpu_eff.slurm.os.geteuid", lambda: euid)
+    monkeypatch.setattr("slurm_gpu_eff.slurm.commands.os.geteuid", lambda: euid)
     query = SacctQuery("4242", str(fake_sacct(tmp_path, "exit 0\n")),
                        str(fake_scontrol(tmp_path, private_data)))
     with pytest.raises(error) as raised:
@@ -564,8 +561,6 @@ def test_gpueff_reads_our_line_from_the_system_comment_where_the_site_keeps_it_t
 def test_a_cancel_writes_its_reason_into_the_field_that_holds_our_line(tmp_path: Path) -> None:
     """[slurm] comment_field = "SystemComment": the reason goes there too, before our line,
     through sacctmgr; the AdminComment (a site's jobstats summary) is left alone."""
-    from slurm_gpu_eff.slurm import cancel_job
-
     calls = tmp_path / "calls"
     sacct = fake_sacct(tmp_path, f'echo "sacct $*" >> {calls}\n'
                                  'printf "%s${d}%s${d}500${d}500\\n" "gpueff1 status=running" "cpu=1"\n')
@@ -577,7 +572,8 @@ def test_a_cancel_writes_its_reason_into_the_field_that_holds_our_line(tmp_path:
     scancel.chmod(0o755)
     commands = {"sacct": str(sacct), "sacctmgr": str(sacctmgr), "scancel": str(scancel),
                 "scontrol": "/bin/false"}
-    cancel_job("500", "c", "gpueff: cancelled", commands, sleep=lambda s: None, field="SystemComment")
+    Commands(Config(**commands, comment_field="SystemComment")).cancel("500", "c", "gpueff: cancelled",
+                                                                       sleep=lambda s: None)
     said = calls.read_text().splitlines()
     assert said[0].endswith("--format=SystemComment,AllocTRES,JobIDRaw,JobID")
     assert said[1] == ("sacctmgr -i modify job where jobid=500 cluster=c set "

@@ -3,7 +3,7 @@ only: it costs 13 ms to import, the rest of gpueff 150 ms, and slurmdbd answers 
 
 The delimiter is new for every call (random bytes between unit separators): a job's owner
 cannot put it in the job's name ahead of time, so no name can cut a row where it likes
-(forge JobIDRaw, hide a task). Parsing is slurm.py's.
+(forge JobIDRaw, hide a task). Parsing is commands.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 import subprocess
 import time
 
-from .errors import SlurmError, UsageError
+from ..errors import SlurmError, UsageError
 
 DELIMITER = "\x1f"  # ASCII unit separator: the captured fixtures' delimiter
 # No TRES field: any of them costs a second round trip to slurmdbd (0.17 s, not 0.09 s,

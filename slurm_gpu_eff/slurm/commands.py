@@ -1,7 +1,9 @@
-"""Slurm's accounting, through `sacct -P` (stable across Slurm releases, unlike --json).
+"""Slurm through its commands, on every release: the accounting through `sacct -P`
+(stable across releases, unlike --json), the controller through squeue and scontrol,
+writes through scontrol and sacctmgr, cancels through scancel (`Commands`).
 
-The sacct call lives in `SacctQuery`; everything else is pure parsing, tested
-on captured sacct text. Rows are zipped strictly with the columns asked for, so a new
+The calls are few; everything else is pure parsing, tested on text captured from each
+release (tests/fixtures/). Rows are zipped strictly with the columns asked for, so a new
 Slurm column never shifts values silently. The delimiter is new for every call (random
 bytes between unit separators): a job's owner cannot put it in the job's name ahead of
 time, so no name can cut a row where it likes (forge JobIDRaw, hide a task); a name
@@ -10,67 +12,27 @@ holding a newline is stitched back together by counting real delimiters.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
 
-from .errors import JobNotFound, NotPermitted, SlurmError
-from .mirror import parse_admin_comment
+from ..config import Config, find_command
+from ..errors import JobNotFound, NotPermitted, SlurmError
+from .base import Slurm
+from .records import (
+    COMMENT_FIELDS,
+    Comment,
+    RunningJob,
+    SlurmJob,
+    allocated_gpus,
+    members,
+    mirrored_gpus,
+    parse_duration,
+    parse_size,
+    requested_memory,
+    sacct_time,
+)
+from .run import run_slurm, said
 from .sacct import DELIMITER, FIELDS, JOB_ID, SacctRun, check_job_id, fresh_delimiter
-
-__all__ = ["DELIMITER", "FIELDS", "SacctQuery", "SlurmJob", "check_job_id", "fresh_delimiter"]
-
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    job_id: str
-    job_id_raw: str
-    name: str
-    cluster: str
-    user: str
-    account: str
-    partition: str
-    state: str
-    exit_code: str
-    elapsed_s: int
-    timelimit_s: int | None
-    start: str
-    end: str
-    ncpus: int
-    nnodes: int
-    nodelist: str
-    total_cpu_s: float
-    alloc_mem_bytes: int | None
-    max_rss_bytes: int | None
-    gpus: int
-    admin_comment: str = ""  # where mirror.py keeps the job's GPU figures
-    alloc_tres: str = ""  # when sacct was asked for it (usage reports: the GPU model)
-
-    @property
-    def running(self) -> bool:
-        return self.state in ("RUNNING", "COMPLETING", "SUSPENDED", "PENDING")
-
-    @property
-    def cpu_efficiency(self) -> float | None:
-        """Percent, as seff: CPU time used over core-walltime allocated."""
-        if self.running or self.elapsed_s <= 0 or self.ncpus <= 0:
-            return None
-        return 100.0 * self.total_cpu_s / (self.elapsed_s * self.ncpus)
-
-    @property
-    def mem_efficiency(self) -> float | None:
-        """Percent, as seff 22.05: the peak memory (the largest step's MaxRSS, one task's
-        peak, times that step's tasks) over the memory allocated."""
-        if self.running or not self.alloc_mem_bytes or self.max_rss_bytes is None:
-            return None
-        return 100.0 * self.max_rss_bytes / self.alloc_mem_bytes
 
 
 class SacctQuery:
@@ -106,87 +68,6 @@ class SacctQuery:
         return jobs_from_rows(self.job_id, self.rows())
 
 
-@dataclass(frozen=True)
-class RunningJob:
-    """A job as slurmctld holds it now (squeue): what the idle-GPU alerts need."""
-
-    job_id: str
-    name: str
-    user: str
-    account: str
-    partition: str
-    state: str
-    batch: bool  # False: an interactive allocation (salloc, srun alone)
-    comment: str
-    time_limit: str
-    run_time: str
-    nodes: str
-    tres: str  # what it holds, as Slurm writes it: cpu=4,mem=8G,node=1,gres/gpu=2
-
-
-# squeue's names for RunningJob's fields, in order.
-_SQUEUE_FIELDS = (
-    ("JobID", "job_id"), ("Name", "name"), ("UserName", "user"), ("Account", "account"),
-    ("Partition", "partition"), ("State", "state"), ("BatchFlag", "batch"), ("Comment", "comment"),
-    ("TimeLimit", "time_limit"), ("TimeUsed", "run_time"), ("NodeList", "nodes"), ("tres-alloc", "tres"),
-)
-
-
-def running_job(job_id: str, squeue: str = "squeue") -> RunningJob | None:
-    """The job while slurmctld holds it; None once it is gone. Each field ends with a
-    fresh delimiter, so no name or comment can forge another field (as with sacct)."""
-    job_id = check_job_id(job_id)
-    delimiter = fresh_delimiter()
-    # ":0": no width, so nothing is cut or padded; the suffix ends each field
-    form = ",".join(f"{name}:0{delimiter}" for name, _ in _SQUEUE_FIELDS)
-    done = run_slurm([squeue, "-h", "-j", job_id, "-O", form], 30)
-    if done.returncode != 0:
-        if "Invalid job id" in said(done):
-            return None
-        raise SlurmError(f"squeue failed: {said(done)}")
-    text = done.stdout.decode("utf-8", "replace")
-    if not text.strip():
-        return None
-    values = text.split(delimiter)
-    if len(values) != len(_SQUEUE_FIELDS) + 1 or values[-1].strip():
-        raise SlurmError(f"squeue gave {len(values) - 1} fields for job {job_id}, not {len(_SQUEUE_FIELDS)}")
-    fields = {key: value for (_, key), value in zip(_SQUEUE_FIELDS, values, strict=False)}
-    fields = {key: (value if key in ("name", "comment") else value.strip()) for key, value in fields.items()}
-    if fields["comment"] == "(null)":
-        fields["comment"] = ""
-    return RunningJob(**{**fields, "batch": fields["batch"] == "1"})  # type: ignore[arg-type]
-
-
-def cancel_job(job_id: str, cluster: str, reason: str, commands: dict[str, str],
-               sleep: Callable[[float], None] = time.sleep, field: str = "AdminComment") -> None:
-    """Cancel the job with `reason` in its AdminComment (or the `field` that holds our
-    figures: [slurm] comment_field), which sacct shows (root or SlurmUser only).
-    Written into the database, as a site's own text before our figures' line: the
-    mirror keeps it there, and slurmctld, holding no copy, carries none over it at the
-    job's end (mirror.py). Looked at again after the cancel: a live mirror that read the
-    old text just before would have written it back."""
-    from .mirror import with_note
-
-    job_id = check_job_id(job_id)
-
-    def note() -> None:
-        current, _, task, *_ = get_admin_comment(job_id, commands["sacct"], field)
-        if reason.lower() not in current.lower():
-            set_admin_comment(task, cluster, with_note(current, reason), commands["scontrol"],
-                              commands["sacctmgr"], running=True, field=field)
-
-    note()
-    done = run_slurm([commands["scancel"], job_id], 30)
-    if done.returncode != 0:
-        raise SlurmError(f"scancel {job_id} failed: {said(done)}")
-    sleep(CANCEL_RECHECK_S)
-    with contextlib.suppress(SlurmError):  # cancelled: the note is the lesser thing
-        note()
-
-
-CANCEL_RECHECK_S = 2.0
-
-
 def private_jobs(scontrol: str = "scontrol") -> bool:
     """Whether Slurm hides other users' jobs from this caller (PrivateData=jobs; root sees
     all). Asked only when sacct showed nothing."""
@@ -213,20 +94,6 @@ def allocated_tres(job_id: str, sacct: str = "sacct") -> dict[str, str]:
         raise SlurmError(f"sacct failed: {said(done)}")
     rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
     return {r["JobIDRaw"]: r["AllocTRES"] for r in rows}
-
-
-def mirrored_gpus(admin_comment: str) -> int | None:
-    """The GPUs Slurm allocated, as our AdminComment line says; None without one."""
-    words = parse_admin_comment(admin_comment)
-    if words is None:
-        return None
-    for key in ("alloc_gpus", "gpus"):
-        if words.get(key, "").isdigit():
-            return int(words[key])
-    return None
-
-
-COMMENT_FIELDS = ("AdminComment", "SystemComment")  # where a site may have us keep our part
 
 
 def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "scontrol",
@@ -263,16 +130,6 @@ def set_admin_comment(job_id: str, cluster: str, text: str, scontrol: str = "sco
     return "slurmdbd"
 
 
-class Comment(NamedTuple):
-    """A job's comment field as the database holds it, with what writing it needs."""
-
-    text: str
-    tres: str  # AllocTRES: the GPUs Slurm allocated
-    task: str  # the id to write it with (an array task's or heterogeneous component's own)
-    user: str = ""  # whose job has this id now, and under which account: a figure of
-    account: str = ""  # another job that had the id before must not go into it
-
-
 def get_admin_comment(job_id: str, sacct: str = "sacct", field: str = "AdminComment",
                       owner: bool = False) -> Comment:
     """The job's AdminComment (or `field`) and AllocTRES as the database holds them, and the
@@ -295,26 +152,6 @@ def get_admin_comment(job_id: str, sacct: str = "sacct", field: str = "AdminComm
     shown = row["JobID"]
     task = shown if ("_" in shown or "+" in shown) and JOB_ID.match(shown) else job_id
     return Comment(row[field], row["AllocTRES"], task, row.get("User", ""), row.get("Account", ""))
-
-
-def run_slurm(command: list[str], timeout: float, env: dict[str, str] | None = None,
-              ) -> subprocess.CompletedProcess[bytes]:
-    """A Slurm command, its failure to start or answer a SlurmError; `env` adds to ours."""
-    try:
-        return subprocess.run(command, capture_output=True, timeout=timeout, check=False,
-                              env=None if env is None else {**os.environ, **env})
-    except FileNotFoundError as exc:
-        raise SlurmError(f"{command[0]} not found: set it in [slurm]") from exc
-    except OSError as exc:
-        raise SlurmError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmError(f"{command[0]} did not answer within {timeout:g} s") from exc
-
-
-def said(done: subprocess.CompletedProcess[bytes]) -> str:
-    """What a failed Slurm command said: its last line."""
-    lines = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
-    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 def parse_rows(text: str, delimiter: str = DELIMITER,
@@ -361,17 +198,6 @@ def job_from_rows(job_id: str, rows: list[dict[str, str]]) -> SlurmJob:
     )
 
 
-def requested_memory(text: str, nnodes: int, ncpus: int) -> int | None:
-    """ReqMem in bytes, for the whole job: Slurm 21.08 and later give the total ('1400M'
-    for 2 nodes x 700M, checked on 22.05); older ones per node ('700Mn') or per CPU
-    ('300Mc')."""
-    size = parse_size(text)
-    if size is None:
-        return None
-    suffix = text.strip()[-1:]
-    return size * (nnodes or 1) if suffix == "n" else size * (ncpus or 1) if suffix == "c" else size
-
-
 def peak_memory(steps: list[dict[str, str]]) -> int | None:
     """seff 22.05's peak: MaxRSS is the largest task's peak in a step, so the step with the
     largest MaxRSS counts it once per task. (A 4-task step at 150 MiB a task is 600 MiB,
@@ -408,27 +234,13 @@ def get_job(job_id: str, sacct: str = "sacct", scontrol: str = "scontrol") -> Sl
     return job_from_rows(query.job_id, query.rows())
 
 
-def members(job_id: str, rows: list[dict[str, str]]) -> list[str]:
-    """The tasks of an array (1234_1, 1234_2...) or components of a heterogeneous job
-    (1234+0, 1234+1) that `job_id` names as a whole; [] when it names one job. Tasks
-    still pending (1234_[5-9]) have no GPUs yet and are left out."""
-    if "_" in job_id or "+" in job_id:
-        return []
-    found = [
-        r["JobID"] for r in rows
-        if "." not in r["JobID"] and "[" not in r["JobID"]
-        and (r["JobID"].startswith(f"{job_id}_") or r["JobID"].startswith(f"{job_id}+"))
-    ]
-    return found if len(found) > 1 or (found and found[0] != job_id) else []
-
-
 def get_jobs(job_id: str, sacct: str = "sacct") -> list[SlurmJob]:
     """One job, or every task of an array / component of a heterogeneous job."""
     return SacctQuery(job_id, sacct).jobs()
 
 
 def jobs_from_rows(job_id: str, rows: list[dict[str, str]]) -> list[SlurmJob]:
-    names = members(job_id, rows)
+    names = members(job_id, [r["JobID"] for r in rows])
     if not names:
         return [job_from_rows(job_id, rows)]
     by_job: dict[str, list[dict[str, str]]] = {}  # one pass: an array has thousands of tasks
@@ -437,50 +249,131 @@ def jobs_from_rows(job_id: str, rows: list[dict[str, str]]) -> list[SlurmJob]:
     return [job_from_rows(name, by_job.get(name, [])) for name in names]
 
 
-def allocated_gpus(alloc_tres: str) -> int:
-    """The GPUs in an AllocTRES ('gres/gpu=2', or per type 'gres/gpu:h100=2')."""
-    tres = parse_tres(alloc_tres)
-    return tres.get("gres/gpu", sum(v for k, v in tres.items() if k.startswith("gres/gpu:")))
-
-
-def parse_tres(text: str) -> dict[str, int]:
-    """'cpu=4,mem=4000M,node=1,gres/gpu=2' -> {'cpu': 4, 'mem': bytes, 'gres/gpu': 2}."""
-    out: dict[str, int] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        if not sep:
-            continue
-        size = parse_size(value) if key == "mem" else (int(value) if value.isdigit() else None)
-        if size is not None:
-            out[key] = size
-    return out
-
-
-def parse_size(text: str) -> int | None:
-    """Slurm sizes ('4000M', '1.5G', '1234K', '0') -> bytes; None when unreadable."""
-    match = re.match(r"^([\d.]+)([KMGTP]?)[nc]?$", text.strip())
-    if not match:
-        return None
-    try:
-        return int(float(match[1]) * _UNITS[match[2]])
-    except ValueError:
-        return None
-
-
-def parse_duration(text: str) -> float:
-    """sacct times ('[D-][HH:]MM:SS[.mmm]') -> seconds; 0 for an empty field."""
-    text = text.strip()
-    if not text:
-        return 0.0
-    days, _, rest = text.rpartition("-")
-    parts = [float(p) for p in rest.split(":")]
-    seconds = 0.0
-    for part in parts:
-        seconds = seconds * 60 + part
-    if len(parts) == 2 and "." not in rest and days:
-        seconds *= 60  # 'D-HH:MM': the two parts are hours and minutes
-    return seconds + (int(days) * 86400 if days else 0)
-
-
 def _int(text: str) -> int:
     return int(text) if text.strip().isdigit() else 0
+
+
+class Commands(Slurm):
+    """Slurm through its commands, as `[slurm]` names them: every release."""
+
+    name = "commands"
+
+    def __init__(self, config: Config, why: str = "", early: SacctRun | None = None) -> None:
+        super().__init__(config.comment_field, why)
+        self.config = config
+        self.early = early  # the report's sacct, started before gpueff loaded (sacct.py)
+
+    def command(self, name: str) -> str:
+        return find_command(getattr(self.config, name))
+
+    def jobs(self, job_id: str) -> list[SlurmJob]:
+        early = self.early
+        if early is not None and (early.job_id, early.sacct, early.comment_field) == (
+                job_id.strip(), self.config.sacct, self.field):
+            self.early = None  # read once
+            return SacctQuery(job_id, early.sacct, self.command("scontrol"), run=early).jobs()
+        return SacctQuery(job_id, self.command("sacct"), self.command("scontrol"),
+                          comment_field=self.field).jobs()
+
+    def period_jobs(self, since: float, until: float, user: str | None = None) -> list[SlurmJob]:
+        return period_jobs(sacct_time(since), sacct_time(until), self.command("sacct"), user=user)
+
+    def comment(self, job_id: str, owner: bool = False) -> Comment:
+        return get_admin_comment(job_id, self.command("sacct"), self.field, owner=owner)
+
+    def set_comment(self, job_id: str, cluster: str, text: str, running: bool = False) -> str:
+        return set_admin_comment(job_id, cluster, text, self.command("scontrol"), self.command("sacctmgr"),
+                                 running=running, field=self.field)
+
+    def running_job(self, job_id: str) -> RunningJob | None:
+        return job_now(job_id, self.command("squeue"))
+
+    def cluster(self) -> str:
+        return cluster_name(self.command("scontrol"))
+
+    def private_jobs(self) -> bool:
+        return private_jobs(self.command("scontrol"))
+
+    def scancel(self, job_id: str) -> None:
+        job_id = check_job_id(job_id)
+        done = run_slurm([self.command("scancel"), job_id], 30)
+        if done.returncode != 0:
+            raise SlurmError(f"scancel {job_id} failed: {said(done)}")
+
+
+# -- slurmctld: squeue, scontrol --------------------------------------------------------------
+
+def cluster_name(scontrol: str = "scontrol") -> str:
+    """slurmctld's own ClusterName: the name its prologs give every row this cluster's
+    nodes write (SLURM_CLUSTER_NAME), asked once a pass. Not a setting of ours: a copied
+    config would name the wrong cluster, and the watch would act on another's jobs."""
+    done = run_slurm([scontrol, "show", "config"], 30)
+    if done.returncode != 0:
+        raise SlurmError(f"scontrol show config failed: {said(done)}")
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName" and value.strip():
+            return value.strip()
+    raise SlurmError("scontrol show config names no ClusterName")
+
+
+# squeue's names for RunningJob's fields, in order. JobID is the job's own (raw) id, one per
+# array task and component; JobArrayID the name of the task alone (%i: 1234_7, 1234+1).
+SQUEUE_FIELDS = (
+    ("JobID", "job_id"), ("JobArrayID", "task_id"), ("Name", "name"), ("UserName", "user"),
+    ("Account", "account"), ("Partition", "partition"), ("State", "state"), ("BatchFlag", "batch"),
+    ("Comment", "comment"), ("TimeLimit", "time_limit"), ("TimeUsed", "run_time"),
+    ("NodeList", "nodes"), ("tres-alloc", "tres"), ("StartTime", "start_at"),
+)
+
+
+def job_now(job_id: str, squeue: str = "squeue") -> RunningJob | None:
+    """The job whose own id is `job_id` while slurmctld holds it; None once it is gone.
+    `squeue -j` on an array's id lists every task of it (the last task keeps the array's
+    id as its own), on a heterogeneous job's every component: the row of this id is the
+    one. Each field ends with a fresh delimiter, so no name or comment forges another."""
+    job_id = check_job_id(job_id)
+    delimiter = fresh_delimiter()
+    # ":0": no width, so nothing is cut or padded; the suffix ends each field
+    form = ",".join(f"{name}:0{delimiter}" for name, _ in SQUEUE_FIELDS)
+    # StartTime in epoch seconds (Slurm's strftime): no local time to read back, whose
+    # hour a change from summer time makes ambiguous, whatever the site's format says
+    done = run_slurm([squeue, "-h", "-j", job_id, "-O", form], 30, {"SLURM_TIME_FORMAT": "%s"})
+    if done.returncode != 0:
+        if "Invalid job id" in said(done):
+            return None
+        raise SlurmError(f"squeue failed: {said(done)}")
+    rows = squeue_rows(done.stdout.decode("utf-8", "replace"), delimiter, job_id)
+    return next((row for row in rows if row.job_id == job_id), None)
+
+
+def squeue_rows(text: str, delimiter: str, job_id: str) -> list[RunningJob]:
+    """squeue's rows: every field, the last of a row too, ends with the delimiter, and a
+    newline parts the rows (it begins the next row's first field)."""
+    if not text.strip():
+        return []
+    values, width = text.split(delimiter), len(SQUEUE_FIELDS)
+    if (len(values) - 1) % width or values[-1].strip():
+        raise SlurmError(f"squeue gave {len(values) - 1} fields for job {job_id}, not rows of {width}")
+    return [_job_now(values[at:at + width]) for at in range(0, len(values) - 1, width)]
+
+
+def _job_now(values: list[str]) -> RunningJob:
+    fields = {key: (value if key in ("name", "comment") else value.strip())
+              for (_, key), value in zip(SQUEUE_FIELDS, values, strict=True)}
+    if fields["comment"] == "(null)":
+        fields["comment"] = ""
+    task_id, start, batch = fields.pop("task_id"), fields.pop("start_at"), fields.pop("batch")
+    return RunningJob(**fields, batch=batch == "1", task_id=task_id if JOB_ID.match(task_id) else "",
+                  start_at=_start(start))
+
+
+def _start(text: str) -> float | None:
+    """Epoch seconds as asked, or Slurm's standard local time (a squeue that ignored
+    SLURM_TIME_FORMAT); None for "N/A", "Unknown": no start to compare with."""
+    if text.isdigit():
+        return float(text)
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
