@@ -95,7 +95,10 @@ integration: cluster
 # on, while faults are injected from SOAK_SEED; about 15 minutes for 200. Not in `make test`.
 SOAK_JOBS ?= 200
 SOAK_SEED ?= 20261126
-soak: cluster
+# The default release (22.05 on cgroup v1) unless SLURM= names another: a bare `make
+# cluster` keeps the release of the cluster that ran last.
+soak: venv
+	GPUEFF_STORE=$(STORE) GPUEFF_SLURM=$(or $(SLURM),22.05) GPUEFF_CGROUP=$(CGROUP) $(CLUSTER) up
 	GPUEFF_REQUIRE_CLUSTER=1 GPUEFF_SOAK_JOBS=$(SOAK_JOBS) GPUEFF_SOAK_SEED=$(SOAK_SEED) \
 	  $(PYTEST) -s tests/integration/test_soak.py
 
