@@ -78,7 +78,7 @@ def examine(path: str | None = None, node: str = "") -> tuple[bool, list[Check],
         checks += [_export(config)] if config.export_dir else []
     checks += [_store(config)] if root else []
     checks += _controller(config, slurm) if root else []
-    checks.append(_accounting(config))
+    checks += [_accounting(config), _backend(config)]
     return all(c.ok for c in checks), checks, _notes(slurm) + _path_note(config)
 
 
@@ -907,6 +907,19 @@ def _accounting(config: Config) -> Check:
                      "slurmdbd must run and slurm.conf name it (AccountingStorageType="
                      "accounting_storage/slurmdbd): reports and users' figures come from sacct")
     return Check("accounting", True, "sacct answers")
+
+
+def _backend(config: Config) -> Check:
+    """Which way gpueff asks Slurm here, and why ([slurm] backend)."""
+    from .slurm.access import connect
+
+    try:
+        slurm = connect(config)
+    except GpuEffError as exc:
+        return Check("slurm backend", False, str(exc),
+                     "build pyslurm for this Slurm's release (docs/install.md), or set [slurm] backend "
+                     "= \"auto\" (pyslurm where it matches, else Slurm's commands)")
+    return Check("slurm backend", True, f"{slurm.name}: {slurm.why}")
 
 
 def _run(command: list[str], timeout: float = 15.0,

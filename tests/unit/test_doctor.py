@@ -169,7 +169,7 @@ def test_a_ready_node(tmp_path: Path, capsys: pytest.CaptureFixture[str], releas
     ready, checks, notes = site.examine()
     assert ready, [c for c in checks.values() if not c.ok]
     assert list(checks) == ["config", "config-file", "venv", "Prolog", "Epilog", "MailProg", "PrologFlags",
-                            "nvml", "gres", "spool", "store", "mail", "accounting"]
+                            "nvml", "gres", "spool", "store", "mail", "accounting", "slurm backend"]
     assert checks["Prolog"].message == f"{site.hook_key('Prolog')}={site.etc}/prolog"
     assert checks["nvml"].message.startswith("driver ") and "2 GPU(s): minor 0 NVIDIA H100 (sim)" in \
         checks["nvml"].message and "GPM " in checks["nvml"].message
@@ -259,6 +259,21 @@ def test_a_missing_prolog_is_named_on_every_release(tmp_path: Path, release: str
     no_prolog(site)
     ready, checks, _ = site.examine()
     assert not ready and checks["Prolog"].message == "slurm.conf has no Prolog line"
+
+
+def test_the_slurm_backend_is_named_and_pyslurm_asked_for_but_unusable_fails_with_its_fix(
+    site: Site, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slurm_gpu_eff.slurm import inproc
+
+    monkeypatch.setattr(inproc, "usable", lambda: (False, "pyslurm is not installed (no module)"))
+    _, checks, _ = site.examine()
+    assert checks["slurm backend"].ok and checks["slurm backend"].message.startswith("commands: pyslurm is not")
+    site.settings.setdefault("slurm", {})["backend"] = "pyslurm"
+    ready, checks, _ = site.examine()
+    assert not ready and [c.name for c in checks.values() if not c.ok] == ["slurm backend"]
+    assert "pyslurm is not installed" in checks["slurm backend"].message
+    assert "docs/install.md" in checks["slurm backend"].fix
 
 
 def test_a_host_that_is_no_gpu_node_skips_the_gpu_checks(site: Site) -> None:
