@@ -268,7 +268,8 @@ def test_the_slurm_backend_is_named_and_pyslurm_asked_for_but_unusable_fails_wit
 
     monkeypatch.setattr(inproc, "usable", lambda: (False, "pyslurm is not installed (no module)"))
     _, checks, _ = site.examine()
-    assert checks["slurm backend"].ok and checks["slurm backend"].message.startswith("commands: pyslurm is not")
+    backend = checks["slurm backend"]
+    assert backend.ok and backend.message.startswith("commands: pyslurm is not")
     site.settings.setdefault("slurm", {})["backend"] = "pyslurm"
     ready, checks, _ = site.examine()
     assert not ready and [c.name for c in checks.values() if not c.ok] == ["slurm backend"]

@@ -178,7 +178,7 @@ def controller(site: Site, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> S
 def test_a_controller_made_as_install_md_says_is_ready(controller: Site) -> None:
     ready, checks, _ = controller.examine()
     assert ready, [c for c in checks.values() if not c.ok]
-    assert list(checks)[-4:] == ["mail-spool", "mail-log", "store-slurmuser", "accounting"]
+    assert list(checks)[-5:] == ["mail-spool", "mail-log", "store-slurmuser", "accounting", "slurm backend"]
     where = controller.open_dir  # type: ignore[attr-defined]
     assert checks["mail-spool"].message == f"{where / 'mail'}: nobody's alone"
     log = where / "mail-log" / "mail.log"

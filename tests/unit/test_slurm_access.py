@@ -46,7 +46,8 @@ def test_without_a_slurm_conf_pyslurm_is_not_loaded(tmp_path: Path, monkeypatch:
 def test_pyslurm_asked_for_but_unusable_is_an_error_not_a_silent_fallback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(inproc, "usable", lambda: (False, "pyslurm 24.11 is built for Slurm 24.11, this is 22.05"))
+    why = "pyslurm 24.11 is built for Slurm 24.11, this is 22.05"
+    monkeypatch.setattr(inproc, "usable", lambda: (False, why))
     with pytest.raises(SlurmError, match="backend = \"pyslurm\", but pyslurm 24.11 is built for Slurm 24.11"):
         connect(Config(slurm_backend="pyslurm"))
     assert isinstance(connect(Config(slurm_backend="auto")), Commands)
