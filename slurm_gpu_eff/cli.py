@@ -155,7 +155,7 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None) -> str:
     from .slurm.access import connect
 
     config = load_config(args.config)
-    slurm = connect(config, early)
+    slurm = connect(config, early, use="report")
     from .report.hints import HintSettings
     from .report.lookup import job_report
     from .report.render import render_json, render_text

@@ -13,14 +13,20 @@ from .commands import Commands
 from .sacct import SacctRun
 
 BACKENDS = ("auto", "commands", "pyslurm")
+# The uses where auto keeps Slurm's commands though pyslurm matches: measured slower
+# through pyslurm (`make bench`; the note of issue 21 has the figures).
+COMMANDS_FASTER: dict[str, str] = {}
 
 
-def connect(config: Config, early: SacctRun | None = None, want: str | None = None) -> Slurm:
-    """The backend `want` (default: the config's) names. `early`: the report's sacct,
-    already running (the commands use it; pyslurm does not need it)."""
+def connect(config: Config, early: SacctRun | None = None, want: str | None = None, use: str = "") -> Slurm:
+    """The backend `want` (default: the config's) names, for `use` ("report": `gpueff
+    JOBID`). `early`: the report's sacct, already running (the commands use it; pyslurm
+    does not need it)."""
     want = want or config.slurm_backend
     if want not in BACKENDS:
         raise SlurmError(f"[slurm] backend = {want!r}: one of {', '.join(BACKENDS)}")
+    if want == "auto" and use in COMMANDS_FASTER:
+        return Commands(config, f"{COMMANDS_FASTER[use]} ([slurm] backend = \"auto\")", early)
     if want == "commands":
         return Commands(config, "[slurm] backend = \"commands\"", early)
     from .inproc import usable
