@@ -132,7 +132,7 @@ build_wheel() {
 # Build (or take from the cache) and install into $venv, for Slurm $release; $ROOT "" for
 # the host.
 install() {
-  local venv=$1 where=${ROOT:-this host} file sum wheel out python
+  local venv=$1 where=${ROOT:-this host} file sum wheel out python tmp
   file=$(source_for "$release")
   if [ -z "$file" ]; then
     say "no pyslurm source for Slurm $release in $SRC (set PYSLURM_SRC): not built; gpueff asks Slurm through its commands there"
@@ -151,8 +151,13 @@ install() {
   # the build venv is made by the venv's own base interpreter (the root's, in a root)
   build_wheel "$file" "$(here "$python" -c 'import sys; print(sys._base_executable)')" "$out"
   wheel=$(compgen -G "$out/pyslurm-*.whl" | head -n 1)
-  here "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-index --force-reinstall "$wheel" ||
-    die "could not install $wheel into $venv"
+  # through the checkout, which a root sees at the same path (the cache it does not)
+  mkdir -p "$WORK"
+  tmp=$(mktemp -d "$WORK/install.XXXXXX")
+  cp "$wheel" "$tmp/"
+  here "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-index --force-reinstall \
+    "$tmp/$(basename "$wheel")" || { rm -rf "$tmp"; die "could not install $wheel into $venv"; }
+  rm -rf "$tmp"
   echo "$out" >"$venv/.pyslurm"
   say "installed $(basename "$wheel") into $venv ($where, Slurm $release)"
 }

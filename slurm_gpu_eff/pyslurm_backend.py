@@ -123,7 +123,8 @@ class PyslurmBackend:
                 uids = [str(pwd.getpwnam(user).pw_uid)]
             except KeyError as exc:
                 raise SlurmError(f"no user {user!r} here") from exc
-        window = {"starttime": _epoch_text(since), "endtime": _epoch_text(until)}
+        # parsed by libslurm's slurm_parse_time, as sacct's -S and -E are
+        window = {"starttime": _epoch_text(since).encode(), "endtime": _epoch_text(until).encode()}
         flags = JOBCOND_FLAG_NO_TRUNC | JOBCOND_FLAG_NO_STEP
         records = _call(lambda: ps.slurmdb_jobs().get(userids=uids or [], flags=flags,
                                                       clusters=self._here(), **window), "slurmdbd")
@@ -131,7 +132,8 @@ class PyslurmBackend:
         comments = self._comments(filt)
         rows = []
         for record in sorted(records.values(), key=sacct_order):
-            row = self._job_row(record, str(record["jobid"]), comments)
+            raw = str(record["jobid"])
+            row = self._job_row(record, job_names(raw, [record])[int(raw)], comments)
             row["AllocTRES"] = self._alloc_tres(record.get("tres_alloc_str") or "")
             rows.append(row)
         return [jobs_from_rows(row["JobID"], [row])[0] for row in rows]
@@ -352,7 +354,7 @@ def _check_usable() -> tuple[bool, str]:
     try:
         running = _controller()["version"]
     except SlurmError as exc:
-        return False, f"pyslurm {version} (for Slurm {built}) got no answer from slurmctld: {exc}"
+        return False, f"pyslurm {version} (for Slurm {built}) got no answer from {exc}"
     here = slurm_release(str(running))
     if here != built:
         return False, f"pyslurm {version} is built for Slurm {built}, the Slurm running here is {running}"
@@ -426,11 +428,13 @@ def comments_by_sacct(ids: list[int], field: str, cluster: str) -> dict[tuple[st
     return {(r["Cluster"] or cluster, int(r["JobIDRaw"])): r[field] for r in rows if r["JobIDRaw"].isdigit()}
 
 
-def sacct_order(record: dict[str, Any]) -> tuple[int, int, int]:
-    """The order sacct prints allocations in: by submit time, an array's tasks by task id
-    (the pending ones last), then by id."""
-    task = _u32(record.get("array_task_id")) if record.get("array_job_id") else None
-    return (int(record.get("submit") or 0), task if task is not None else 1 << 32, int(record["jobid"]))
+def sacct_order(record: dict[str, Any]) -> tuple[int, int, int, int]:
+    """The order sacct prints allocations in (seen on 22.05): by submit time, then job id,
+    an array's tasks by the array's id and task id (those still pending last)."""
+    array = int(record.get("array_job_id") or 0)
+    task = _u32(record.get("array_task_id")) if array else None
+    return (int(record.get("submit") or 0), array or int(record["jobid"]),
+            task if task is not None else 1 << 32, int(record["jobid"]))
 
 
 def _epoch_text(at: float) -> str:
@@ -524,8 +528,9 @@ def tres_count(simple: str, tres_id: int) -> int | None:
 
 
 def alloc_tres_text(simple: str, names: dict[int, str]) -> str:
-    """sacct's AllocTRES: name=count by name, memory in M (G, T when exact)."""
-    out = []
+    """sacct's AllocTRES: name=count sorted by name (as seen on 22.05), memory in M (G, T
+    when exact), what is not counted left out."""
+    out: list[tuple[str, str]] = []
     for part in simple.split(","):
         key, _, value = part.partition("=")
         if not key.strip().isdigit() or not value.strip().isdigit():
@@ -536,8 +541,8 @@ def alloc_tres_text(simple: str, names: dict[int, str]) -> str:
         count = int(value)
         if count >= NO_VAL64:  # not counted (energy without a plugin)
             continue
-        out.append(f"{name}={_mega(count) if int(key) == TRES_MEM or name.startswith('bb/') else count}")
-    return ",".join(sorted(out))
+        out.append((name, _mega(count) if int(key) == TRES_MEM or name.startswith("bb/") else str(count)))
+    return ",".join(f"{name}={count}" for name, count in sorted(out))
 
 
 def _mega(count: int) -> str:
@@ -608,16 +613,29 @@ def job_now(record: dict[str, Any]) -> JobNow:
     else:
         task_id = raw
     start = record.get("start_time")
-    limit = record.get("time_limit_str") or record.get("time_limit") or ""
+    limit = record.get("time_limit")
     return JobNow(
         job_id=raw, name=record.get("name") or "", user=_user(record.get("user_id")),
         account=record.get("account") or "", partition=record.get("partition") or "",
         state=record.get("job_state") or "", batch=record.get("batch_flag") == 1,
-        comment=record.get("comment") or "", time_limit=str(limit),
-        run_time=str(record.get("run_time_str") or ""), nodes=record.get("nodes") or "",
+        comment=record.get("comment") or "",
+        time_limit=duration(int(limit) * 60) if isinstance(limit, int) else str(limit or ""),
+        run_time=duration(int(record.get("run_time") or 0)), nodes=record.get("nodes") or "",
         tres=record.get("tres_alloc_str") or "", task_id=task_id if JOB_ID.match(task_id) else "",
         start_at=float(start) if start else None,
     )
+
+
+def duration(seconds: int) -> str:
+    """squeue's TimeUsed and TimeLimit (Slurm's secs2time_str): D-HH:MM:SS, H:MM:SS, M:SS."""
+    if seconds < 0:
+        return "INVALID"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _u32(value: Any, keep_infinite: bool = False) -> int | None:
