@@ -105,6 +105,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(pb, "_MODULE", [stand_in])
     monkeypatch.setattr(pb, "_CONTROLLER", [])
     monkeypatch.setattr(pb, "_USABLE", [])
+    monkeypatch.setattr(pb, "_TRES_NAMES", {})
     yield stand_in
     monkeypatch.undo()
     time.tzset()
