@@ -82,6 +82,7 @@ PRIVATE_DATA_JOBS = 0x0001
 JOBCOND_FLAG_NO_STEP = 1 << 1  # sacct -X: allocations only, no steps sent
 JOBCOND_FLAG_NO_TRUNC = 1 << 2  # sacct's default: start and end as they were
 TRES_CPU, TRES_MEM, TRES_NODE = 1, 2, 4
+JOB_COMPLETE = 3  # enum job_states: pending 0, running 1, suspended 2, complete 3, ...
 STEP_NAMES = {0xFFFFFFFA: "interactive", 0xFFFFFFFB: "batch", 0xFFFFFFFC: "extern", 0xFFFFFFFD: "TBD"}
 # Where libslurm looks for slurm.conf (Debian's build) after SLURM_CONF: without one,
 # `import pyslurm` does not raise, it ends the process ("fatal: Could not establish a
@@ -573,10 +574,13 @@ def _mega(count: int) -> str:
 
 
 def job_cpu(record: dict[str, Any]) -> tuple[int, int]:
-    """The job's CPU time as sacct adds it up: its steps' seconds and microseconds (the
-    job record's own are 0 from slurmdbd)."""
+    """The job's CPU time as sacct adds it up (sacct.c): onto the job record's own (0 from
+    slurmdbd), the seconds and microseconds of each step that has ended (a step's state
+    below JOB_COMPLETE, pending, running or suspended, is left out)."""
     sec, usec = _count(record.get("tot_cpu_sec")), _count(record.get("tot_cpu_usec"))
     for step in (record.get("steps") or {}).values():
+        if int(step.get("state") or 0) < JOB_COMPLETE:
+            continue
         sec += _count(step.get("tot_cpu_sec"))
         usec += _count(step.get("tot_cpu_usec"))
     return sec, usec

@@ -371,6 +371,16 @@ def test_cpu_time_as_sacct_prints_it(sec: int, usec: int, text: str) -> None:
     assert pb.cpu_time(sec, usec) == text
 
 
+def test_cpu_time_of_steps_still_running_is_left_out_as_sacct_does() -> None:
+    record = {"tot_cpu_sec": 0, "tot_cpu_usec": 0, "steps": {
+        0xFFFFFFFB: {"state": 1, "tot_cpu_sec": 5, "tot_cpu_usec": 0},  # batch, running
+        0: {"state": 3, "tot_cpu_sec": 2, "tot_cpu_usec": 600_000},
+        1: {"state": 5, "tot_cpu_sec": 1, "tot_cpu_usec": 600_000},  # failed: ended
+    }}
+    assert pb.job_cpu(record) == (3, 1_200_000)
+    assert pb.cpu_time(*pb.job_cpu(record)) == "4.200"
+
+
 @pytest.mark.parametrize(("code", "text"), [
     (0, "0:0"), (1 << 8, "1:0"), (9, "0:9"), (137 << 8, "9:0"), (pb.NO_VAL, "0:0"), (None, "0:0"),
 ])
