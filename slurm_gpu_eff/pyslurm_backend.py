@@ -37,7 +37,9 @@ What still differs from the commands, and by how much:
   commands (`slurm.set_admin_comment`), which name it alone.
 
 What it costs (Slurm 22.05 dev cluster, 2 busy cores; every slurmdbd round trip there
-takes 88 ms however small, where 24.11 answered in 2-4 ms): `import pyslurm` 25 ms;
+takes 88 ms however small: two ~44 ms waits, the request's and the answer's second
+write held back by Nagle's algorithm against delayed ACKs, as strace of sacct shows;
+slurm-newer.md saw 2-4 ms a load on 24.11): `import pyslurm` 25 ms;
 usable()'s RPC 2-3 ms; `slurmdb_jobs().get` one round trip (88 ms, as `sacct -j N`: 92 ms
 as a process); `pyslurm.db.Jobs.load` two (176 ms): the jobs, then the whole QOS list
 (slurmdb_qos_get, to name each job's QOS), which no JobFilter option and no other call of
@@ -106,8 +108,9 @@ class PyslurmBackend:
     def usable() -> tuple[bool, str]:
         """(True, "pyslurm 22.5.3 for Slurm 22.05") where pyslurm imports and was built for
         the running slurmctld's major.minor; else (False, why, in one line). Costs the import
-        (about 30 ms) and one RPC to slurmctld (its configuration, kept for cluster() and
-        private_jobs()), once a process."""
+        (about 25 ms) and one RPC to slurmctld (its configuration, kept for cluster() and
+        private_jobs()), once a process: 2-3 ms, but 9.4 s where slurmctld refuses
+        connections (libslurm's retries), which sacct alone would not have waited for."""
         if _USABLE:
             return _USABLE[0]
         answer = _check_usable()
@@ -144,8 +147,10 @@ class PyslurmBackend:
         flags = JOBCOND_FLAG_NO_TRUNC | JOBCOND_FLAG_NO_STEP
         records = _call(lambda: ps.slurmdb_jobs().get(userids=uids or [], flags=flags,
                                                       clusters=self._here(), **window), "slurmdbd")
+        if not records:
+            return []
         filt = ps.db.JobFilter(start_time=int(since), end_time=int(until), users=[user] if user else None)
-        comments = self._comments(filt)
+        comments = self._comments(filt, [int(r["jobid"]) for r in records.values()])
         rows = []
         for record in sorted(records.values(), key=sacct_order):
             raw = str(record["jobid"])
@@ -255,7 +260,8 @@ class PyslurmBackend:
                              "slurmdbd").values())
         if not records:
             return []
-        comments = self._comments(ps.db.JobFilter(ids=sorted({int(r["jobid"]) for r in records})), field)
+        ids = sorted({int(r["jobid"]) for r in records})
+        comments = self._comments(ps.db.JobFilter(ids=ids), ids, field)
         names = job_names(job_id, records)
         rows: list[dict[str, str]] = []
         for record in sorted(records, key=sacct_order):
@@ -283,19 +289,19 @@ class PyslurmBackend:
         row["AdminComment"] = comments.get((row["Cluster"], int(record["jobid"])), "")
         return row
 
-    def _comments(self, filt: Any, field: str | None = None) -> dict[tuple[str, int], str]:
+    def _comments(self, filt: Any, ids: list[int], field: str | None = None) -> dict[tuple[str, int], str]:
         """(cluster, job id) -> the comment field (AdminComment or [slurm] comment_field).
         pyslurm.db.Jobs.load fails on a heterogeneous job whose step spans components
         (IndexError in JobStatistics.from_step, 22.5.3 and the 24.11 branch alike: the
         step's node index is the whole job's, its node list the component's): then sacct
-        is asked for the comments alone."""
+        is asked for the comments of `ids` alone."""
         ps = _module()
         field = field or self.comment_field
         attr = "system_comment" if field == "SystemComment" else "admin_comment"
         try:
             loaded = ps.db.Jobs.load(filt)
         except IndexError:
-            return comments_by_sacct(filt.ids or [], field, self._here()[0])
+            return comments_by_sacct(ids, field, self._here()[0])
         except Exception as exc:  # noqa: BLE001
             raise SlurmError(f"slurmdbd: {_message(exc)}") from None
         out: dict[tuple[str, int], str] = {}
@@ -434,16 +440,18 @@ def comments_by_sacct(ids: list[int], field: str, cluster: str) -> dict[tuple[st
     from .sacct import fresh_delimiter
     from .slurm import parse_rows, run_slurm, said
 
-    if not ids:
-        return {}
-    delimiter = fresh_delimiter()
+    out: dict[tuple[str, int], str] = {}
     fields = ("Cluster", "JobIDRaw", field)
-    done = run_slurm(["sacct", "-j", ",".join(str(i) for i in ids), "-X", "-P", "-n",
-                      f"--delimiter={delimiter}", "--format=" + ",".join(fields)], 30)
-    if done.returncode != 0:
-        raise SlurmError(f"sacct failed: {said(done)}")
-    rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
-    return {(r["Cluster"] or cluster, int(r["JobIDRaw"])): r[field] for r in rows if r["JobIDRaw"].isdigit()}
+    for at in range(0, len(ids), 2000):  # an argument of at most 128 KiB
+        delimiter = fresh_delimiter()
+        done = run_slurm(["sacct", "-j", ",".join(str(i) for i in ids[at:at + 2000]), "-X", "-P", "-n",
+                          f"--delimiter={delimiter}", "--format=" + ",".join(fields)], 60)
+        if done.returncode != 0:
+            raise SlurmError(f"sacct failed: {said(done)}")
+        rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
+        out.update({(r["Cluster"] or cluster, int(r["JobIDRaw"])): r[field]
+                    for r in rows if r["JobIDRaw"].isdigit()})
+    return out
 
 
 def sacct_order(record: dict[str, Any]) -> tuple[int, int, int, int]:

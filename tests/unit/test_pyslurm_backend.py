@@ -184,6 +184,29 @@ def test_heterogeneous_jobs_comments_come_from_sacct_where_pyslurm_cannot_load_t
     assert asked and asked[0][:3] == ["sacct", "-j", "25,26"]
 
 
+def test_a_period_with_a_heterogeneous_job_asks_sacct_for_the_comments_of_its_jobs(
+        fake: FakePyslurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.doc = doc = fixture("heterogeneous")
+    fake.load_error = IndexError("list index out of range")
+    asked: list[list[str]] = []
+
+    def sacct(command: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
+        asked.append(command)
+        delimiter = command[command.index("-n") + 1].split("=", 1)[1]
+        out = "".join(f"gpueffdev{delimiter}{k}{delimiter}{v}\n" for k, v in doc["comments"].items())
+        return subprocess.CompletedProcess(command, 0, out.encode(), b"")
+
+    monkeypatch.setattr("slurm_gpu_eff.slurm.run_slurm", sacct)
+    jobs = PyslurmBackend().period_jobs(1_795_700_000, 1_795_800_000)
+    assert [j.admin_comment for j in jobs] == [doc["comments"]["25"], doc["comments"]["26"]]
+    assert asked[0][:3] == ["sacct", "-j", "25,26"]
+
+
+def test_an_empty_period_asks_slurmdbd_once(fake: FakePyslurm) -> None:
+    assert PyslurmBackend().period_jobs(1_795_700_000, 1_795_800_000) == []
+    assert [call for call, _ in fake.asked] == ["slurmdb_jobs"]
+
+
 def test_a_component_asked_by_its_own_raw_id_keeps_that_id(fake: FakePyslurm) -> None:
     """The difference named in the module's docstring: sacct shows 25+1 for job 26."""
     fake.doc = doc = fixture("het_component")
