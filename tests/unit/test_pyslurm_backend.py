@@ -341,6 +341,18 @@ def test_cluster_and_private_data_from_slurmctlds_configuration(fake: FakePyslur
     assert backend.private_jobs() is True
 
 
+def test_the_24_11_configuration_api(fake: FakePyslurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyslurm 24.11's slurmctld.Config has the version (22.5.3's has not: its older config())."""
+    loaded = SimpleNamespace(version="24.11.5", cluster_name="gpueffdev", private_data=["jobs", "usage"])
+    config = SimpleNamespace(version=property(lambda self: ""), load=lambda: loaded)
+    monkeypatch.setattr(fake, "slurmctld", SimpleNamespace(Config=config))
+    monkeypatch.setattr(fake, "__version__", "24.11.0")
+    monkeypatch.setattr(pb.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert PyslurmBackend.usable() == (True, "pyslurm 24.11.0 for Slurm 24.11")
+    assert PyslurmBackend().private_jobs() is True and PyslurmBackend().cluster() == "gpueffdev"
+
+
 def test_scancel_names_the_task_as_scancel_does(fake: FakePyslurm) -> None:
     PyslurmBackend().scancel("64_2")
     assert fake.asked == [("kill", ("64_2", 9, 0))]
