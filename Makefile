@@ -24,7 +24,7 @@ STANDIN := build/nvml/current/libnvidia-ml.so.1
 RESULTS := build/test-results
 TEST_PARTS = $(shell bash scripts/test-pass.sh --parts)
 
-.PHONY: demo test cluster cluster-down cluster-env deps venv lint unit integration soak bench docs gpu-check
+.PHONY: demo test cluster cluster-down cluster-env deps venv pyslurm lint unit integration soak bench docs gpu-check
 
 demo: cluster
 	@$(PY) scripts/demo.py
@@ -63,7 +63,7 @@ cluster-env:
 deps:
 	@bash scripts/install-deps.sh
 
-venv: deps $(VENV)/.installed $(STANDIN)
+venv: deps $(VENV)/.installed $(STANDIN) pyslurm
 
 # Debian's own Python, not a pyenv shim: the jobs of unprivileged users run it too.
 $(VENV)/.installed: pyproject.toml
@@ -71,6 +71,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,sim,postgres]'
 	$(PY) -c 'from slurm_gpu_eff.report.render import precompile; precompile()'
 	touch $@
+
+# pyslurm for the host's Slurm (22.05), from ../shared/vendor (or $PYSLURM_SRC): compiled
+# once per source and Python (about 3 minutes), kept in /var/cache/gpueff/wheels, installed
+# into the venv. Without the sources it says so and gpueff asks Slurm through its commands.
+# The 24.11 root's is built by scripts/cluster.sh when it makes that root's venv.
+pyslurm: $(VENV)/.installed
+	@bash scripts/build-pyslurm.sh host $(VENV)
 
 # Compiled against NVIDIA's nvml.h (PyPI's nvidia-nvml-dev, pinned in the [sim] extra).
 $(STANDIN): $(VENV)/.installed $(wildcard slurm_gpu_eff/sim/standin/*)

@@ -579,10 +579,15 @@ unmount_root() {
 }
 mounted_in_root() { awk -v root="$ROOT/" 'index($5, root) == 1 { print $5 }' /proc/self/mountinfo; }
 
-# The release's own venv, made by the root's Python (jobs and hooks run it there).
+# The release's own venv, made by the root's Python (jobs and hooks run it there), with
+# pyslurm for the release where its sources are at hand (24.11; compiled once, then kept).
 ensure_root_venv() {
   [ -n "$ROOT" ] || return 0
-  [ "$VENV/.installed" -nt "$REPO/pyproject.toml" ] && return 0
+  [ "$VENV/.installed" -nt "$REPO/pyproject.toml" ] || make_root_venv
+  bash "$REPO/scripts/build-pyslurm.sh" root "$SLURM_REL" "$VENV" || die "could not build pyslurm for Slurm $SLURM_REL"
+}
+
+make_root_venv() {
   say "making $VENV with the root's $(chroot "$ROOT" python3 --version)"
   rm -rf "$VENV"
   chroot "$ROOT" python3 -m venv "$VENV" &&

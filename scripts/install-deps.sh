@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what the development cluster (scripts/cluster.sh) needs on Debian 12:
 # Slurm 22.05, slurmdbd, munge, MariaDB, python3-venv, gcc for the stand-in NVML library,
+# Slurm's headers and Python's (libslurm-dev, python3-dev) for compiling pyslurm
+# (scripts/build-pyslurm.sh; its Cython and setuptools go into a build venv, not apt),
 # PostgreSQL's server and libpq for the store's second engine, Chromium (headless: the
 # test that screenshots the usage report's HTML page), and Prometheus's node_exporter (the
 # test that scrapes our textfile through the real collector; run on a port of its own). Our PostgreSQL servers
@@ -14,7 +16,7 @@ set -euo pipefail
 export PATH=/usr/sbin:/sbin:$PATH
 
 PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3-venv gcc libc6-dev libslurm-perl libslurmdb-perl
-  postgresql libpq5 chromium prometheus-node-exporter)
+  libslurm-dev python3-dev postgresql libpq5 chromium prometheus-node-exporter)
 COMMANDS=(slurmctld slurmd slurmdbd sacct munged mysqld_safe gcc chromium prometheus-node-exporter)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # Slurm's own seff, the peer the tests compare with: from Debian's source package of the
@@ -32,6 +34,9 @@ missing() {
   /usr/bin/python3 -m venv --help >/dev/null 2>&1 || echo "python3-venv"
   /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || echo "ensurepip"
   perl -MSlurmdb -e1 >/dev/null 2>&1 || echo "libslurmdb-perl"
+  [ -r /usr/include/slurm/slurm_version.h ] || echo "libslurm-dev"
+  /usr/bin/python3 -c 'import sys, sysconfig, os; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' \
+    2>/dev/null || echo "python3-dev"
   # PostgreSQL's server binaries are not on PATH (Debian: /usr/lib/postgresql/N/bin).
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || echo "postgresql"
   id postgres >/dev/null 2>&1 || echo "postgres-user"
@@ -86,7 +91,7 @@ main() {
   local gaps
   gaps=$(missing | tr '\n' ' ')
   if [ -z "$gaps" ]; then
-    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, postgresql, python3-venv, chromium, node_exporter present)"
+    echo "install-deps: nothing to do (slurm, slurmdbd, munge, mariadb, postgresql, python3-venv, Slurm's and Python's headers, chromium, node_exporter present)"
     fetch_seff
     return
   fi
