@@ -29,13 +29,11 @@ def connect(config: Config, early: SacctRun | None = None, want: str | None = No
         return Commands(config, f"{COMMANDS_FASTER[use]} ([slurm] backend = \"auto\")", early)
     if want == "commands":
         return Commands(config, "[slurm] backend = \"commands\"", early)
-    from .inproc import usable
+    from . import inproc
 
-    ok, why = usable()
+    ok, why = inproc.usable()
     if ok:
-        from .inproc import Pyslurm  # type: ignore[attr-defined]  # the helper's, merging
-
-        return Pyslurm(config, f"{why} ([slurm] backend = \"{want}\")")
+        return inproc.Pyslurm(config, f"{why} ([slurm] backend = \"{want}\")")
     if want == "pyslurm":
         raise SlurmError(f"[slurm] backend = \"pyslurm\", but {why}")
     return Commands(config, f"{why}: Slurm's commands instead ([slurm] backend = \"auto\")", early)

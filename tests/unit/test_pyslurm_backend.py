@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_eff import pyslurm_backend as pb
+from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import JobNotFound, NotPermitted, SlurmError
-from slurm_gpu_eff.mail.idle import JobNow
-from slurm_gpu_eff.pyslurm_backend import PyslurmBackend
-from slurm_gpu_eff.slurm import SlurmJob, jobs_from_rows, mirrored_gpus, parse_rows
+from slurm_gpu_eff.slurm import inproc as pb
+from slurm_gpu_eff.slurm.commands import jobs_from_rows, parse_rows
+from slurm_gpu_eff.slurm.inproc import Pyslurm
+from slurm_gpu_eff.slurm.records import RunningJob, SlurmJob, mirrored_gpus
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pyslurm"
 SHAPES = sorted(path.stem for path in FIXTURES.glob("*.json"))
@@ -127,7 +128,7 @@ def from_sacct(doc: dict[str, Any], without_comments: bool = False) -> list[Slur
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_job_shape_equals_what_sacct_gives(fake: FakePyslurm, shape: str) -> None:
     fake.doc = doc = fixture(shape)
-    assert PyslurmBackend().jobs(doc["job"]) == from_sacct(doc)
+    assert Pyslurm().jobs(doc["job"]) == from_sacct(doc)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -135,7 +136,7 @@ def test_without_our_line_the_gpus_come_from_alloc_tres_as_sacct_prints_it(fake:
                                                                              shape: str) -> None:
     fake.doc = doc = fixture(shape)
     fake.comments = {k: "" for k in doc["comments"]}
-    jobs = PyslurmBackend().jobs(doc["job"])
+    jobs = Pyslurm().jobs(doc["job"])
     assert jobs == from_sacct(doc, without_comments=True)
     assert all(job.alloc_tres.startswith("billing=") and job.gpus >= 1 for job in jobs)
     assert ("TrackableResources.load", None) in fake.asked
@@ -145,14 +146,14 @@ def test_cpu_time_keeps_sacct_milliseconds(fake: FakePyslurm) -> None:
     """pyslurm.db.Jobs.load gives whole seconds per step: the older API's microseconds,
     summed over the steps and cut to milliseconds as sacct does, equal sacct's."""
     fake.doc = doc = fixture("multi_task_step")
-    job, = PyslurmBackend().jobs(doc["job"])
+    job, = Pyslurm().jobs(doc["job"])
     assert job.total_cpu_s == from_sacct(doc)[0].total_cpu_s
     assert job.total_cpu_s != int(job.total_cpu_s)
 
 
 def test_the_records_are_asked_once_with_sacct_flags(fake: FakePyslurm) -> None:
     fake.doc = fixture("array")
-    PyslurmBackend().jobs("9")
+    Pyslurm().jobs("9")
     (call, kw), (load, ids) = fake.asked[:2]
     assert call == "slurmdb_jobs" and kw == {"jobids": ["9"], "flags": pb.JOBCOND_FLAG_NO_TRUNC,
                                               "clusters": ["gpueffdev"]}
@@ -161,7 +162,7 @@ def test_the_records_are_asked_once_with_sacct_flags(fake: FakePyslurm) -> None:
 
 def test_a_system_comment_field_is_read_instead(fake: FakePyslurm) -> None:
     fake.doc = fixture("one_task")
-    job, = PyslurmBackend(comment_field="SystemComment").jobs("5")
+    job, = Pyslurm(Config(comment_field="SystemComment")).jobs("5")
     assert job.admin_comment.startswith("sys gpueff1 ")
 
 
@@ -179,9 +180,9 @@ def test_heterogeneous_jobs_comments_come_from_sacct_where_pyslurm_cannot_load_t
         out = "".join(f"gpueffdev{delimiter}{k}{delimiter}{v}\n" for k, v in doc["comments"].items())
         return subprocess.CompletedProcess(command, 0, out.encode(), b"")
 
-    monkeypatch.setattr("slurm_gpu_eff.slurm.run_slurm", sacct)
-    assert PyslurmBackend().jobs("25") == from_sacct(doc)
-    assert asked and asked[0][:3] == ["sacct", "-j", "25,26"]
+    monkeypatch.setattr("slurm_gpu_eff.slurm.inproc.run_slurm", sacct)
+    assert Pyslurm().jobs("25") == from_sacct(doc)
+    assert asked and asked[0][0].endswith("sacct") and asked[0][1:3] == ["-j", "25,26"]
 
 
 def test_a_period_with_a_heterogeneous_job_asks_sacct_for_the_comments_of_its_jobs(
@@ -196,35 +197,35 @@ def test_a_period_with_a_heterogeneous_job_asks_sacct_for_the_comments_of_its_jo
         out = "".join(f"gpueffdev{delimiter}{k}{delimiter}{v}\n" for k, v in doc["comments"].items())
         return subprocess.CompletedProcess(command, 0, out.encode(), b"")
 
-    monkeypatch.setattr("slurm_gpu_eff.slurm.run_slurm", sacct)
-    jobs = PyslurmBackend().period_jobs(1_795_700_000, 1_795_800_000)
+    monkeypatch.setattr("slurm_gpu_eff.slurm.inproc.run_slurm", sacct)
+    jobs = Pyslurm().period_jobs(1_795_700_000, 1_795_800_000)
     assert [j.admin_comment for j in jobs] == [doc["comments"]["25"], doc["comments"]["26"]]
-    assert asked[0][:3] == ["sacct", "-j", "25,26"]
+    assert asked[0][0].endswith("sacct") and asked[0][1:3] == ["-j", "25,26"]
 
 
 def test_an_empty_period_asks_slurmdbd_once(fake: FakePyslurm) -> None:
-    assert PyslurmBackend().period_jobs(1_795_700_000, 1_795_800_000) == []
+    assert Pyslurm().period_jobs(1_795_700_000, 1_795_800_000) == []
     assert [call for call, _ in fake.asked] == ["slurmdb_jobs"]
 
 
 def test_a_component_asked_by_its_own_raw_id_keeps_that_id(fake: FakePyslurm) -> None:
     """The difference named in the module's docstring: sacct shows 25+1 for job 26."""
     fake.doc = doc = fixture("het_component")
-    job, = PyslurmBackend().jobs("26")
+    job, = Pyslurm().jobs("26")
     assert job.job_id == "26" and job.job_id_raw == "26"
     assert job == SlurmJob(**{**vars(from_sacct(doc)[0]), "job_id": "26"})
 
 
 def test_no_job_is_job_not_found(fake: FakePyslurm) -> None:
     with pytest.raises(JobNotFound):
-        PyslurmBackend().jobs("424242")
+        Pyslurm().jobs("424242")
 
 
 def test_no_job_under_private_data_is_not_permitted(fake: FakePyslurm,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(NotPermitted, match="PrivateData=jobs"):
-        PyslurmBackend().jobs("424242")
+        Pyslurm().jobs("424242")
 
 
 def test_pyslurm_errors_become_ours(fake: FakePyslurm, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,29 +233,29 @@ def test_pyslurm_errors_become_ours(fake: FakePyslurm, monkeypatch: pytest.Monke
         raise ValueError("Unable to contact slurm controller (connect failure)", 1007)
     monkeypatch.setattr(fake, "slurmdb_jobs", broken)
     with pytest.raises(SlurmError, match=r"^slurmdbd: Unable to contact slurm controller \(connect"):
-        PyslurmBackend().jobs("5")
+        Pyslurm().jobs("5")
 
     def denied() -> Any:
         raise ValueError("Access/permission denied", 2002)
     monkeypatch.setattr(fake, "slurmdb_jobs", denied)
     with pytest.raises(NotPermitted):
-        PyslurmBackend().jobs("5")
+        Pyslurm().jobs("5")
 
 
 def test_comment_as_get_admin_comment(fake: FakePyslurm) -> None:
     fake.doc = doc = fixture("array_task")
     fake.comments = {"10": "site text"}
-    comment = PyslurmBackend().comment("9_1", owner=True)
+    comment = Pyslurm().comment("9_1", owner=True)
     assert comment == ("site text", "billing=1,cpu=1,gres/gpu=1,mem=200M,node=1", "9_1", "alice", "physics")
     assert fake.asked[0][1]["flags"] == pb.JOBCOND_FLAG_NO_TRUNC | pb.JOBCOND_FLAG_NO_STEP
-    assert PyslurmBackend().comment("9_1").user == ""
+    assert Pyslurm().comment("9_1").user == ""
     fake.doc = {**doc, "records": []}
-    assert PyslurmBackend().comment("77") == ("", "", "77", "", "")
+    assert Pyslurm().comment("77") == ("", "", "77", "", "")
 
 
 def test_period_jobs_are_allocations_with_alloc_tres(fake: FakePyslurm) -> None:
     fake.doc = doc = fixture("array")
-    jobs = PyslurmBackend().period_jobs(1_795_700_000, 1_795_800_000, user="root")
+    jobs = Pyslurm().period_jobs(1_795_700_000, 1_795_800_000, user="root")
     assert [j.job_id for j in jobs] == ["9_1", "9_2"]
     assert all(j.alloc_tres == "billing=1,cpu=1,gres/gpu=1,mem=200M,node=1" for j in jobs)
     kw = fake.asked[0][1]
@@ -269,7 +270,7 @@ def test_set_comment_of_a_running_job_goes_through_slurmctld(fake: FakePyslurm) 
     modified: list[tuple[int, Any]] = []
     fake.Job = lambda job_id: SimpleNamespace(modify=lambda changes: modified.append((job_id, changes)))  # type: ignore[attr-defined]
     fake.JobSubmitDescription = lambda **kw: kw  # type: ignore[attr-defined]
-    assert PyslurmBackend().set_comment("65", "gpueffdev", "gpueff1 x") == "slurmctld"
+    assert Pyslurm().set_comment("65", "gpueffdev", "gpueff1 x") == "slurmctld"
     assert modified == [(65, {"admin_comment": "gpueff1 x"})]
 
 
@@ -278,17 +279,17 @@ def test_set_comment_of_a_finished_job_goes_through_slurmdbd(fake: FakePyslurm) 
         raise ValueError("Job has already finished", 2017)
     fake.Job = lambda job_id: SimpleNamespace(modify=finished)  # type: ignore[attr-defined]
     fake.JobSubmitDescription = lambda **kw: kw  # type: ignore[attr-defined]
-    assert PyslurmBackend().set_comment("5", "gpueffdev", "gpueff1 x") == "slurmdbd"
+    assert Pyslurm().set_comment("5", "gpueffdev", "gpueff1 x") == "slurmdbd"
     assert ("Jobs.modify", ([5], {"admin_comment": "gpueff1 x"})) in fake.asked
-    assert PyslurmBackend().set_comment("5", "gpueffdev", "y", field="SystemComment") == "slurmdbd"
+    assert Pyslurm(Config(comment_field="SystemComment")).set_comment("5", "gpueffdev", "y") == "slurmdbd"
     assert ("Jobs.modify", ([5], {"system_comment": "y"})) in fake.asked
     with pytest.raises(SlurmError, match="not a job comment field"):
-        PyslurmBackend().set_comment("5", "gpueffdev", "y", field="Comment")
+        Pyslurm(Config(comment_field="Comment")).set_comment("5", "gpueffdev", "y")
 
 
 def test_set_comment_names_an_array_task_by_its_raw_id(fake: FakePyslurm) -> None:
     fake.doc = fixture("array_task")
-    assert PyslurmBackend().set_comment("9_1", "gpueffdev", "t", running=True) == "slurmdbd"
+    assert Pyslurm().set_comment("9_1", "gpueffdev", "t", running=True) == "slurmdbd"
     assert ("Jobs.modify", ([10], {"admin_comment": "t"})) in fake.asked
 
 
@@ -298,9 +299,12 @@ def test_set_comment_of_the_task_holding_the_arrays_id_goes_through_the_commands
     doc = fixture("array")
     fake.doc = {**doc, "records": [r for r in doc["records"] if r["jobid"] == 9]}
     calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr("slurm_gpu_eff.slurm.set_admin_comment",
-                        lambda *a, **kw: calls.append((a, kw)) or "slurmdbd")
-    assert PyslurmBackend().set_comment("9_2", "gpueffdev", "t", running=True) == "slurmdbd"
+    def written(*args: Any, **kw: Any) -> str:
+        calls.append((args[:3], {k: kw[k] for k in ("running", "field")}))
+        return "slurmdbd"
+
+    monkeypatch.setattr("slurm_gpu_eff.slurm.commands.set_admin_comment", written)
+    assert Pyslurm().set_comment("9_2", "gpueffdev", "t", running=True) == "slurmdbd"
     assert calls == [(("9_2", "gpueffdev", "t"), {"running": True, "field": "AdminComment"})]
     assert not any(call == "Jobs.modify" for call, _ in fake.asked)
 
@@ -318,8 +322,8 @@ def test_running_job_as_squeue(fake: FakePyslurm) -> None:
          "batch_flag": 0, "comment": "c", "time_limit": 90, "run_time": 0, "nodes": None,
          "tres_alloc_str": None, "start_time": 0},
     ]
-    backend = PyslurmBackend()
-    assert backend.running_job("65") == JobNow(
+    backend = Pyslurm()
+    assert backend.running_job("65") == RunningJob(
         job_id="65", name="a\nb", user="root", account="physics", partition="gpu", state="RUNNING",
         batch=True, comment="", time_limit="UNLIMITED", run_time="1:02:05", nodes="gpu[1-2]",
         tres="cpu=1,mem=200M,node=1,billing=1,gres/gpu=1", task_id="65", start_at=1795701154.0)
@@ -334,7 +338,7 @@ def test_running_job_as_squeue(fake: FakePyslurm) -> None:
 
 def test_cluster_and_private_data_from_slurmctlds_configuration(fake: FakePyslurm,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = PyslurmBackend()
+    backend = Pyslurm()
     assert backend.cluster() == "gpueffdev"
     assert backend.private_jobs() is False  # root sees all
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -349,25 +353,25 @@ def test_the_24_11_configuration_api(fake: FakePyslurm, monkeypatch: pytest.Monk
     monkeypatch.setattr(fake, "__version__", "24.11.0")
     monkeypatch.setattr(pb.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert PyslurmBackend.usable() == (True, "pyslurm 24.11.0 for Slurm 24.11")
-    assert PyslurmBackend().private_jobs() is True and PyslurmBackend().cluster() == "gpueffdev"
+    assert pb.usable() == (True, "pyslurm 24.11.0 for Slurm 24.11")
+    assert Pyslurm().private_jobs() is True and Pyslurm().cluster() == "gpueffdev"
 
 
 def test_scancel_names_the_task_as_scancel_does(fake: FakePyslurm) -> None:
-    PyslurmBackend().scancel("64_2")
+    Pyslurm().scancel("64_2")
     assert fake.asked == [("kill", ("64_2", 9, 0))]
 
 
 def test_usable_where_the_releases_match(fake: FakePyslurm, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pb.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(pb, "config_source", lambda: "/etc/slurm/slurm.conf")
-    assert PyslurmBackend.usable() == (True, "pyslurm 22.5.3 for Slurm 22.05")
+    assert pb.usable() == (True, "pyslurm 22.5.3 for Slurm 22.05")
 
 
 def test_not_usable_where_the_releases_differ(fake: FakePyslurm, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pb.importlib.util, "find_spec", lambda name: object())
     fake.controller = "24.11.5"
-    assert PyslurmBackend.usable() == (
+    assert pb.usable() == (
         False, "pyslurm 22.5.3 is built for Slurm 22.05, the Slurm running here is 24.11.5")
 
 
@@ -377,7 +381,7 @@ def test_not_usable_without_an_answer(fake: FakePyslurm, monkeypatch: pytest.Mon
     def silent() -> Any:
         raise ValueError("Insane message length", 1008)
     monkeypatch.setattr(fake, "config", silent)
-    ok, why = PyslurmBackend.usable()
+    ok, why = pb.usable()
     assert not ok
     assert why == "pyslurm 22.5.3 (for Slurm 22.05) got no answer from slurmctld: Insane message length"
 
@@ -385,7 +389,7 @@ def test_not_usable_without_an_answer(fake: FakePyslurm, monkeypatch: pytest.Mon
 def test_not_usable_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pb, "_USABLE", [])
     monkeypatch.setattr(pb.importlib.util, "find_spec", lambda name: None)
-    assert PyslurmBackend.usable() == (
+    assert pb.usable() == (
         False, "pyslurm is not installed (scripts/build-pyslurm.sh builds it from its sources)")
 
 

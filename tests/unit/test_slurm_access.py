@@ -3,7 +3,11 @@ pyslurm is absent or built for another release."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,15 @@ from slurm_gpu_eff.slurm import inproc
 from slurm_gpu_eff.slurm.access import connect
 from slurm_gpu_eff.slurm.commands import Commands
 from tests.configfile import write_config
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """usable()'s answer is kept for the process: each test asks anew."""
+    monkeypatch.setattr(inproc, "_USABLE", [])
+    monkeypatch.setattr(inproc, "_MODULE", [])
+    monkeypatch.setattr(inproc, "_CONTROLLER", [])
+    yield
 
 
 def test_commands_when_asked_for() -> None:
@@ -34,13 +47,23 @@ def test_auto_without_pyslurm_takes_the_commands_and_says_why(
 
 
 def test_without_a_slurm_conf_pyslurm_is_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """libslurm, finding no configuration, looks for a configless controller in DNS and
-    then ends the process (fatal()): `import pyslurm` would kill gpueff with exit status 1."""
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "absent.conf"))
-    monkeypatch.setitem(sys.modules, "pyslurm", object())  # would be "usable" if looked at
+    monkeypatch.setattr(inproc.importlib.util, "find_spec", lambda name: object())  # "installed"
     ok, why = inproc.usable()
-    assert not ok and "no slurm.conf readable here" in why
-    assert "no slurm.conf" in connect(Config()).why
+    assert not ok and "no slurm.conf here" in why and "would end this process" in why
+    assert "no slurm.conf here" in connect(Config()).why
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyslurm") is None, reason="pyslurm is not built here")
+@pytest.mark.skipif(any(os.path.exists(p) for p in inproc.CONFIG_PATHS), reason="this host has a slurm.conf")
+def test_why_real_pyslurm_is_never_imported_without_a_slurm_conf() -> None:
+    """libslurm, finding no configuration, looks for a configless controller in DNS and
+    then ends the process (fatal()): no exception a caller could catch. (A SLURM_CONF
+    naming a missing file is worse: libslurm retries for 60 s, then ends it.)"""
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    done = subprocess.run([sys.executable, "-c", "import pyslurm; print('alive')"], capture_output=True,
+                          text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 1 and "alive" not in done.stdout and "fatal" in done.stderr
 
 
 def test_pyslurm_asked_for_but_unusable_is_an_error_not_a_silent_fallback(
