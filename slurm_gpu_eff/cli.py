@@ -350,6 +350,8 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
         from .slurm.sacct import SacctRun
 
         loaded = load_config(config)
+        if loaded.slurm_backend == "pyslurm":  # asked in-process instead (auto: sacct, slurm/access.py)
+            return None
         return SacctRun(argv[0], loaded.sacct, loaded.comment_field)
     except GpuEffError:
         return None
