@@ -8,6 +8,7 @@ skipped with the reason; where it is built (22.05, 24.11), auto must pick it."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from .conftest import Cluster, with_settings
 pytestmark = [pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
-VENDOR = REPO.parent / "shared" / "vendor"
+VENDOR = Path(os.environ.get("PYSLURM_SRC") or REPO.parent / "shared" / "vendor")  # as build-pyslurm.sh
 BUILT_FOR = ("22.05", "24.11")  # the releases pyslurm's vendored sources cover
 NOT_PERMITTED = 10
 PROBE = ("from slurm_gpu_eff.config import load_config\n"
