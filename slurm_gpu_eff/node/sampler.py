@@ -4,9 +4,11 @@ Started detached by the shell prolog (`python -m slurm_gpu_eff.node.sampler --pr
 JOBID`: it then does the prolog's work itself, begin()) or by the Python one (`... JOB_DIR`),
 with the prolog's environment (SLURM_JOB_ID, SLURM_JOB_GPUS, SLURMD_NODENAME...), stopped by
 the epilog with SIGTERM, on which it takes a last reading, writes its summary and
-exits. Memory is constant whatever the job's length; a checkpoint reaches the spool at
-least every `checkpoint_s`, and a live copy goes to the store every `live_s` so a
-running job can be reported. Standard library and pynvml only: this is a hot path.
+exits; or by the shell epilog with SIGUSR1, on which it also does the epilog's work:
+posts the final summary to the outbox and starts a deliverer (finish()). Memory is
+constant whatever the job's length; a checkpoint reaches the spool at least every
+`checkpoint_s`, and a live copy goes to the store every `live_s` so a running job can
+be reported. Standard library and pynvml only: this is a hot path.
 
 Here: the Sampler, its loop, and the process (run, begin, main). Beside it: the per-GPU
 statistics (gpustats.py), the orphan watch (orphan.py), and live delivery with the
@@ -23,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from ..config import Config, load_config
+from ..config import DEFAULT_PATH, Config, load_config
 from ..errors import GpuEffError, GpuLost
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, NodeSummary
 from .binding import gpu_minors
@@ -33,7 +35,7 @@ from .jobenv import JobContext, job_of_pid, parse_job_gpus
 from .live import LiveDelivery, export_live, unexport
 from .log import HookLog
 from .orphan import OrphanWatch, squeue_for
-from .spool import SUMMARY, Spool, write_json
+from .spool import SUMMARY, Spool, locator_path, remove_locator, write_json, write_locator
 from .verify import BindingCheck
 
 VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and the cgroup
@@ -164,20 +166,26 @@ class Sampler:
 
 
 class Stopper:
-    """Turns SIGTERM/SIGINT into a flag and wakes any wait at once (no sleep to finish)."""
+    """Turns SIGTERM/SIGINT into a flag and wakes any wait at once (no sleep to finish).
+    SIGUSR1 is the shell epilog's stop (epilog/gpueff-epilog): do the epilog's work too
+    (finish()); SIGTERM, Slurm's or the Python epilog's, leaves the final summary as the
+    checkpoint for the epilog to post."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.epilog = False  # asked by the shell epilog to post the final summary itself
         self._read, write = os.pipe()
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write)
         self._poll = select.poll()  # once a poll: cheaper than select(), which builds fd sets
         self._poll.register(self._read, select.POLLIN)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.requested = True
+        if signum == signal.SIGUSR1:
+            self.epilog = True
 
     def wait(self, seconds: float) -> None:
         if seconds > 0 and not self.requested and self._poll.poll(seconds * 1000):
@@ -226,6 +234,9 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         if next_tick <= now:  # fell behind (suspended, overloaded): do not burst to catch up
             next_tick = now + sampler.wait_s
         stopper.wait(next_tick - sampler.monotonic())
+    if stopper.epilog:
+        finish(sampler, job_dir, spool, log)
+        return
     sampler.sample_once()
     checkpoint(summary_path, sampler.snapshot(COMPLETE), log)
     live.reap()
@@ -237,6 +248,52 @@ def run_started_at(env: Mapping[str, str]) -> float | None:
         return float(env["GPUEFF_RUN_STARTED"])
     except (KeyError, ValueError):
         return None
+
+
+def finish(sampler: Sampler, job_dir: str, spool: Spool, log: HookLog) -> bool:
+    """The epilog's work, done here when the shell epilog asks for it (SIGUSR1), so that
+    the epilog starts no interpreter and reads no config: the last reading, the node's
+    final summary posted to the outbox, then the job's spool directory removed (only
+    then: the epilog, which waits for this process to end, reads its absence as "posted"),
+    a deliverer started. Posted before the GPUs are let go (run() closes NVML after).
+    False when the summary could not be posted: it is left as the checkpoint in the
+    job's directory, which the epilog's Python path then posts as it always did."""
+    from .hooks import deliver
+
+    sampler.sample_once()
+    summary = sampler.snapshot(COMPLETE)
+    summary.ended_at = time.time()  # as the Python epilog dates it: wall time
+    try:
+        spool.post(summary)
+    except GpuEffError as exc:
+        log.write(f"cannot post the final summary, left for the epilog: {exc}")
+        checkpoint(os.path.join(job_dir, SUMMARY), summary, log)
+        return False
+    remove_job_dir(job_dir)
+    log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
+    # A live copy's delivery may still run (not waited for: it takes this one or leaves
+    # it to the deliverer started here, which retries while the store is away).
+    deliver(sampler.config, spool, os.environ, log)
+    return True
+
+
+def remove_job_dir(job_dir: str) -> None:
+    """shutil.rmtree for the files the sampler and the prologs leave there (no
+    subdirectories); shutil would import fnmatch and more on the epilog's time."""
+    try:
+        names = os.listdir(job_dir)
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(job_dir, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(job_dir)
+
+
+def job_locator(config: Config, job: JobContext) -> str | None:
+    """Where the shell epilog looks for this job's sampler (spool.locator_path)."""
+    return locator_path(config.path or DEFAULT_PATH, job.node, job.job_id)
 
 
 def finish_orphan(sampler: Sampler, summary_path: str, live: LiveDelivery, log: HookLog) -> None:
@@ -330,6 +387,7 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
         unexport(config, job.job_id)  # however the sampler ends: no stale figures
         if session is not None:
             session.close()
+        remove_locator(job_locator(config, job))
 
 
 def begin(env: Mapping[str, str]) -> None:
@@ -357,6 +415,13 @@ def begin(env: Mapping[str, str]) -> None:
     except (GpuEffError, OSError) as exc:
         log.write(str(exc))
         return
+    locator = job_locator(config, JobContext.from_env(env))
+    if locator:
+        try:  # the shell epilog's way to this process; without it, its slower Python path
+            write_locator(locator, os.getpid(), started, job_dir)
+        except OSError as exc:
+            log.write(f"cannot write {locator} ({exc.strerror or exc}): this job's epilog "
+                      "takes its slower path")
     log.write(f"sampler pid {os.getpid()} started for SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')}")
     run(job_dir, config, started, stopper)
 
@@ -369,7 +434,10 @@ def main(argv: list[str]) -> int:
             with contextlib.suppress(Exception):
                 HookLog(load_config().log_for(os.environ.get("SLURMD_NODENAME", "")), argv[1],
                         "sampler").write(f"crashed: {exc!r}")
-        return 0
+        # Gone at once: the epilog waits for this process to end, and the interpreter's
+        # teardown would cost it ~10 ms. Nothing is left to flush: every file written is
+        # closed, NVML is shut down, stdio is /dev/null.
+        os._exit(0)
     if len(argv) != 1:
         print("usage: python -m slurm_gpu_eff.node.sampler JOB_DIR | --prolog JOB_ID", file=sys.stderr)
         return 2
