@@ -375,7 +375,8 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
         if run_in_job:  # kept with the binding's evidence, which `gpueff --json` shows
             sampler.binding.note(run_in_job)
         loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
-        log.write("stopped cleanly")
+        if not stopper.epilog:  # else finish() said how it ended (a line less on the epilog's time)
+            log.write("stopped cleanly")
     except GpuEffError as exc:
         log.write(f"cannot sample: {exc}")
         # Keep what was measured: a failure mid-job must not overwrite it with nothing.
