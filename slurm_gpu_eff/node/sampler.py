@@ -195,8 +195,9 @@ class Stopper:
 FIRST_LIVE_S = 10.0
 
 
-def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: HookLog) -> None:
-    """Sample until told to stop, checkpointing and posting live copies on the way."""
+def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: HookLog) -> NodeSummary | None:
+    """Sample until told to stop, checkpointing and posting live copies on the way. The
+    final summary when it posted it for the shell epilog (finish()), else None."""
     config = sampler.config
     summary_path = os.path.join(job_dir, SUMMARY)
     now = sampler.monotonic()
@@ -221,10 +222,10 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         if now >= next_checkpoint:
             if not os.path.isdir(job_dir):
                 log.write("the job's spool directory is gone (its epilog ran): stopping")
-                return
+                return None
             if orphan.ended():
                 finish_orphan(sampler, summary_path, live, log)
-                return
+                return None
             checkpoint(summary_path, sampler.snapshot(RUNNING), log)
             next_checkpoint = now + config.checkpoint_s
         if now >= next_live:
@@ -235,11 +236,11 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
             next_tick = now + sampler.wait_s
         stopper.wait(next_tick - sampler.monotonic())
     if stopper.epilog:
-        finish(sampler, job_dir, spool, log)
-        return
+        return finish(sampler, job_dir, spool, log)
     sampler.sample_once()
     checkpoint(summary_path, sampler.snapshot(COMPLETE), log)
     live.reap()
+    return None
 
 
 def run_started_at(env: Mapping[str, str]) -> float | None:
@@ -250,16 +251,13 @@ def run_started_at(env: Mapping[str, str]) -> float | None:
         return None
 
 
-def finish(sampler: Sampler, job_dir: str, spool: Spool, log: HookLog) -> bool:
+def finish(sampler: Sampler, job_dir: str, spool: Spool, log: HookLog) -> NodeSummary | None:
     """The epilog's work, done here when the shell epilog asks for it (SIGUSR1), so that
-    the epilog starts no interpreter and reads no config: the last reading, the node's
-    final summary posted to the outbox, then the job's spool directory removed (only
-    then: the epilog, which waits for this process to end, reads its absence as "posted"),
-    a deliverer started. Posted before the GPUs are let go (run() closes NVML after).
-    False when the summary could not be posted: it is left as the checkpoint in the
-    job's directory, which the epilog's Python path then posts as it always did."""
-    from .hooks import deliver
-
+    the epilog starts no interpreter and reads no config: the last reading, and the node's
+    final summary posted to the outbox, before the GPUs are let go (run() closes NVML
+    after, then calls handed_over()). None when it could not be posted: it is left as the
+    checkpoint in the job's directory, which the epilog's Python path posts as it always
+    did (the shell hands over when this process ends without saying "posted")."""
     sampler.sample_once()
     summary = sampler.snapshot(COMPLETE)
     summary.ended_at = time.time()  # as the Python epilog dates it: wall time
@@ -268,13 +266,31 @@ def finish(sampler: Sampler, job_dir: str, spool: Spool, log: HookLog) -> bool:
     except GpuEffError as exc:
         log.write(f"cannot post the final summary, left for the epilog: {exc}")
         checkpoint(os.path.join(job_dir, SUMMARY), summary, log)
-        return False
+        return None
+    return summary
+
+
+POSTED = "gpueff-posted"  # this process's name (/proc/PID/comm) once it may go: see below
+
+
+def handed_over(summary: NodeSummary, job_dir: str, config: Config, log: HookLog) -> None:
+    """After finish() posted and NVML is shut down: says so to the shell epilog, which
+    returns then (its wait ends on a name in /proc, which costs no disk write, not on
+    what follows, which may wait on the file system's journal behind the post's fsync):
+    then the job's spool directory goes (after the post: the Python epilog reads its
+    absence as "posted"), the log line, a deliverer."""
+    from .hooks import deliver
+
+    try:
+        with open("/proc/self/comm", "w", encoding="ascii") as handle:
+            handle.write(POSTED)
+    except OSError:
+        pass  # the epilog then waits for this process to end, and sees the directory gone
     remove_job_dir(job_dir)
     log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
     # A live copy's delivery may still run (not waited for: it takes this one or leaves
     # it to the deliverer started here, which retries while the store is away).
-    deliver(sampler.config, spool, os.environ, log)
-    return True
+    deliver(config, Spool(config.spool_for(summary.node)), os.environ, log)
 
 
 def remove_job_dir(job_dir: str) -> None:
@@ -356,6 +372,7 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
         started = run_started_at(os.environ)  # the prolog says when this run began
     session = None
     sampler: Sampler | None = None
+    posted: NodeSummary | None = None  # for the shell epilog (finish)
     try:
         session = GpuSession(config, job.node)
         # The node's GPU map, renewed here (as root) only when slurmd or its config changed:
@@ -374,8 +391,8 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
                           run_started=started, node_processes=session.node_processes)
         if run_in_job:  # kept with the binding's evidence, which `gpueff --json` shows
             sampler.binding.note(run_in_job)
-        loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
-        if not stopper.epilog:  # else finish() said how it ended (a line less on the epilog's time)
+        posted = loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
+        if posted is None:  # else handed_over() says how it ended
             log.write("stopped cleanly")
     except GpuEffError as exc:
         log.write(f"cannot sample: {exc}")
@@ -388,6 +405,8 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
         unexport(config, job.job_id)  # however the sampler ends: no stale figures
         if session is not None:
             session.close()
+        if posted is not None:
+            handed_over(posted, job_dir, config, log)
         remove_locator(job_locator(config, job))
 
 

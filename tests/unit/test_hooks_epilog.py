@@ -32,12 +32,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Removes its job directory and ends on SIGUSR1 ("posts"; "slow": 0.3 s after it, and
-# deaf to SIGTERM meanwhile), or ignores SIGUSR1 and SIGTERM ("stubborn"); says it is
-# ready by a file beside the job directory.
+# deaf to SIGTERM meanwhile), takes the name the real one takes once it has posted and
+# let go of the GPUs, and lives on ("names"), or ignores SIGUSR1 and SIGTERM
+# ("stubborn"); says it is ready by a file beside the job directory.
 FAKE_SAMPLER = """
 import os, signal, sys, time
 job_dir, mode = sys.argv[1], sys.argv[2]
 def posted(signum, frame):
+    if mode == "names":
+        with open("/proc/self/comm", "w") as handle:
+            handle.write("gpueff-posted")
+        return
     if mode == "slow":
         time.sleep(0.3)
     for name in os.listdir(job_dir):
@@ -90,6 +95,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def name_of(pid: int) -> str | None:
+    """The process's name (/proc/PID/comm), None once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() if alive(pid) else None
+    except OSError:
+        return None
+
+
 def locator_of(hook_site: Any, job: str) -> Path:
     path = locator_path(str(hook_site.config_path), "gpu1", job)
     assert path is not None
@@ -116,9 +129,15 @@ def test_the_sampler_posts_its_own_final_summary_and_no_interpreter_starts(hook_
     assert Path("/run/slurm-gpu-eff").stat().st_mode & 0o777 == 0o700
     done = run_shim(EPILOG, env)
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
-    assert not alive(pid)  # ended before the epilog returned
-    assert not hook_site.job_dir(job).exists() and not locator.exists()
+    # The epilog returned once the sampler had posted and shut NVML down (it says so by
+    # its name); what it does after (its directory, the log, a deliverer) is not waited for.
+    assert name_of(pid) in ("gpueff-posted", None)
     (summary,) = hook_site.stored(job)
+    end = time.monotonic() + 10
+    while alive(pid):
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    assert not hook_site.job_dir(job).exists() and not locator.exists()
     assert (summary.status, summary.reason, [g.minor for g in summary.gpus]) == (COMPLETE, "", [0, 2])
     assert summary.ended_at is not None and summary.sampled_until <= summary.ended_at
     assert summary.run_started_at is not None
@@ -137,6 +156,19 @@ def test_a_sampler_that_posts_on_sigusr1_is_all_the_epilog_waits_for(hook_site: 
     assert done.returncode == 0
     assert sampler.wait(timeout=5) == 0  # it got SIGUSR1 (SIGTERM would end it -15)
     assert not calls.exists()  # no interpreter started
+
+
+def test_the_epilog_returns_once_the_sampler_says_it_posted(hook_site: Any) -> None:
+    """What the sampler does after it posted and shut NVML down (its directory, the log,
+    a deliverer: file system work that may wait behind the post's fsync) is not waited
+    for: its name in /proc says it may go."""
+    python, calls = recording_python(hook_site)
+    job = own_job_id()
+    sampler = fake_sampler(hook_site, job, "names")
+    done = run_shim(EPILOG, shim_env(hook_site, SLURM_JOB_ID=job, GPUEFF_PYTHON=str(python)))
+    assert done.returncode == 0
+    assert name_of(sampler.pid) == "gpueff-posted"  # told, and still there
+    assert not calls.exists()
 
 
 # --- the ways to the Python epilog ------------------------------------------------------------------
