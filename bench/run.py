@@ -133,11 +133,15 @@ def bench_prolog(root: Path, runs: int) -> tuple[float, float]:
 
     bare = median_wall([PYTHON, "-c", "pass"], env, runs, settle)
     prolog = median_wall([PROLOG], env, runs, settle)
+    return prolog, bare
+
+
+def forget_locators(root: Path) -> None:
+    """What the bench's samplers left under /run (slurm_gpu_eff/node/spool.py): the files
+    of those killed, the directories of all."""
     from slurm_gpu_eff.node.spool import LOCATOR_ROOT
 
-    # what the samplers killed above left under /run (slurm_gpu_eff/node/spool.py)
     shutil.rmtree(LOCATOR_ROOT + str(root), ignore_errors=True)
-    return prolog, bare
 
 
 def settle(spools: list[Path], timeout: float = 120) -> bool:
@@ -647,6 +651,7 @@ def hooks_rows(runs: int, pg: ModuleType) -> list[tuple[str, str, str, str, bool
         root = Path(tmp)
         prolog, bare = bench_prolog(root, runs)
         epilog = bench_epilog(root, runs, pg.StoreSite.sqlite(root / "store.db"), down=False)
+        forget_locators(root)
     return hook_rows(prolog, epilog, bare)
 
 
@@ -708,6 +713,7 @@ def main() -> int:
                                     bench_delivery(root, site, per_node=args.epilogs))
         sampler = sampler_rows(root, args.interval, args.seconds, args.rounds)
         flood = bench_flood(root, sites[0])
+        forget_locators(root)
     rows = hook_rows(prolog, engines["sqlite"][0], bare)  # the epilog, SQLite up
     down_as = {"sqlite": "SQLite locked", "postgresql": "PostgreSQL stopped"}
     for engine, (up, down, delivery) in engines.items():
