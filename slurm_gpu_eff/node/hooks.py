@@ -8,7 +8,10 @@ that fails drains the node and requeues the job.
 - prolog: make the job's spool directory, start the detached sampler, return.
 - epilog: stop the sampler (bounded wait), turn its last checkpoint into the node's
   summary, post it to the outbox, start a detached deliverer, return: it never waits on
-  the store.
+  the store. Slurm's Epilog, the shell script epilog/gpueff-epilog, has the shell
+  prolog's sampler do all that itself (SIGUSR1: sampler.finish) and comes here only
+  when it cannot vouch for that ("--stopping PID": the sampler it told and stopped
+  waiting for, which may have posted meanwhile: then nothing is posted here).
 """
 
 from __future__ import annotations
@@ -19,11 +22,22 @@ import os
 import sys
 import time
 
-from ..config import Config, load_config
+from ..config import DEFAULT_PATH, Config, load_config
 from ..errors import GpuEffError, SpoolError
 from .jobenv import JobContext, parse_job_gpus
 from .log import HookLog
-from .spool import PID_FILE, SUMMARY, Spool, is_sampler, private_dirs, read_summary, run_started, sampler_pid
+from .spool import (
+    PID_FILE,
+    SUMMARY,
+    Spool,
+    is_sampler,
+    locator_path,
+    private_dirs,
+    read_summary,
+    remove_locator,
+    run_started,
+    sampler_pid,
+)
 
 # The imports are kept to the bare minimum (no typing, dataclasses, re, subprocess):
 # each costs milliseconds of the epilog, while the node stays COMPLETING. The epilog
@@ -59,7 +73,11 @@ def prolog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     # The sampler reads the job from Slurm's variables and the config we were given: no
     # other description of the job, so the prolog writes no JSON (json imports re).
     sampler_env = dict(child_env(env, config), GPUEFF_RUN_STARTED=f"{started:.3f}")
-    pid = start_detached(sampler_command(config, job_dir), sampler_env)
+    try:
+        pid = start_detached(sampler_command(config, job_dir), sampler_env)
+    except OSError as exc:
+        log.write(f"cannot start the sampler ({config.python}): {exc.strerror or exc}")
+        return
     write_pid(job_dir, pid, started)
     log.write(f"started sampler pid {pid} for SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')}")
 
@@ -94,25 +112,29 @@ def write_pid(job_dir: str, pid: int, started: float) -> None:
 
 
 def start_detached(command: list[str], env: Mapping[str, str]) -> int:
-    """Start `command` in its own session, stdio closed: outside the job, outliving the hook."""
-    pid = os.fork()
-    if pid:
-        return pid
-    try:  # the child: never return into the hook's code
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.execve(command[0], command, dict(env))
-    finally:
-        os._exit(0)
+    """Start `command` in its own session, stdio on /dev/null: outside the job, outliving
+    the hook. posix_spawn (vfork and exec), not fork: from the sampler, which starts the
+    deliverer on the epilog's time, a fork copies its page tables (~1 ms). OSError when
+    `command` cannot be run."""
+    null = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
+            (os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
+    return os.posix_spawn(command[0], command, dict(env), file_actions=null, setsid=True)
 
 
-def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
+def epilog(env: Mapping[str, str], config: Config, log: HookLog, stopping: int | None = None) -> None:
+    """`stopping`: the sampler the shell epilog told to post the summary itself (SIGUSR1)
+    and stopped waiting for; the job's directory, which it saw, goes only once the
+    summary is posted (by the sampler, or by an epilog)."""
     job = JobContext.from_env(env)
     spool = Spool(config.spool_for(job.node))
     job_dir = spool.job_dir(job.job_id)
     pid_file = os.path.join(job_dir, PID_FILE)
+    locator = locator_path(config.path or DEFAULT_PATH, job.node, job.job_id)
+    if stopping is not None and not os.path.isdir(job_dir):
+        wait_or_kill(stopping, job_dir, config.stop_wait_s, log)  # it lets go of the GPUs
+        log.write("the sampler posted its final summary itself")
+        remove_locator(locator)
+        return
     if not os.path.exists(pid_file) and _has_gpus(job.job_gpus):
         late = starting_samplers(job.job_id, job.node, pid_file, config.stop_wait_s)
         if late and not os.path.exists(pid_file):
@@ -126,8 +148,17 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
             log.write("the sampler the prolog started was still starting: waited for it")
     if os.path.isdir(job_dir):
         stop_sampler(job_dir, config.stop_wait_s, log)
+        if not os.path.isdir(job_dir):  # the sampler the shell epilog told, while we waited
+            log.write("the sampler posted its final summary itself")
+            remove_locator(locator)
+            return
         summary = node_summary(job_dir, job, config)
         summary.run_started_at = summary.run_started_at or run_started(job_dir)
+        if _final_posted(spool, summary):  # the sampler posted, then was killed
+            log.write("the sampler posted its final summary itself, then was stopped")
+            _clean_up(job_dir, config, job, locator)
+            deliver(config, spool, env, log)
+            return
     else:
         try:
             if not parse_job_gpus(job.job_gpus):
@@ -138,6 +169,12 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
         summary = _missing(job, config, reason)
     summary.ended_at = time.time()
     spool.post(summary)  # if this fails (disk full), the next delivery sweeps the job dir
+    _clean_up(job_dir, config, job, locator)
+    log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
+    deliver(config, spool, env, log)
+
+
+def _clean_up(job_dir: str, config: Config, job: JobContext, locator: str | None) -> None:
     if config.export_dir:  # a sampler killed before it could take its figures away
         from .export import remove
 
@@ -146,8 +183,16 @@ def epilog(env: Mapping[str, str], config: Config, log: HookLog) -> None:
     import shutil  # here: the prolog never needs it
 
     shutil.rmtree(job_dir, ignore_errors=True)
-    log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
-    deliver(config, spool, env, log)
+    remove_locator(locator)
+
+
+def _final_posted(spool: Spool, summary: NodeSummary) -> bool:
+    """Whether the outbox already holds a final summary of this run (the sampler's, told
+    by the shell epilog to post): a checkpoint posted over it would lose its last figures."""
+    try:
+        return read_summary(spool.posted_as(summary)).final
+    except GpuEffError:
+        return False
 
 
 def _missing(job: JobContext, config: Config, reason: str) -> NodeSummary:
@@ -216,6 +261,11 @@ def stop_sampler(job_dir: str, wait_s: float, log: HookLog) -> None:
         os.kill(pid, _signal.SIGTERM)
     except ProcessLookupError:
         return  # it ended between the check and the signal: its last word is on disk
+    wait_or_kill(pid, job_dir, wait_s, log)
+
+
+def wait_or_kill(pid: int, job_dir: str, wait_s: float, log: HookLog) -> None:
+    """Wait for the stopping sampler to end; SIGKILL after wait_s."""
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
         if not is_sampler(pid, job_dir):
@@ -253,6 +303,9 @@ def deliver(config: Config, spool: Spool, env: Mapping[str, str], log: HookLog) 
 def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
     """Entry point for both hooks. Always returns 0."""
     kind = argv[0] if argv else ""
+    # epilog/gpueff-epilog adds "--stopping PID" when it handed over to this path
+    told = argv[2] if argv[1:2] == ["--stopping"] and argv[2:3] else ""
+    stopping = int(told) if told.isascii() and told.isdigit() else None
     node = env.get("SLURMD_NODENAME", "")
     try:
         config = load_config()
@@ -271,7 +324,7 @@ def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
         if kind == "prolog":
             prolog(env, config, log)
         elif kind == "epilog":
-            epilog(env, config, log)
+            epilog(env, config, log, stopping)
         else:
             log.write(f"unknown hook {kind!r}")
     except HookTimeout:

@@ -4,9 +4,11 @@ Started detached by the shell prolog (`python -m slurm_gpu_eff.node.sampler --pr
 JOBID`: it then does the prolog's work itself, begin()) or by the Python one (`... JOB_DIR`),
 with the prolog's environment (SLURM_JOB_ID, SLURM_JOB_GPUS, SLURMD_NODENAME...), stopped by
 the epilog with SIGTERM, on which it takes a last reading, writes its summary and
-exits. Memory is constant whatever the job's length; a checkpoint reaches the spool at
-least every `checkpoint_s`, and a live copy goes to the store every `live_s` so a
-running job can be reported. Standard library and pynvml only: this is a hot path.
+exits; or by the shell epilog with SIGUSR1, on which it also does the epilog's work:
+posts the final summary to the outbox and starts a deliverer (finish()). Memory is
+constant whatever the job's length; a checkpoint reaches the spool at least every
+`checkpoint_s`, and a live copy goes to the store every `live_s` so a running job can
+be reported. Standard library and pynvml only: this is a hot path.
 
 Here: the Sampler, its loop, and the process (run, begin, main). Beside it: the per-GPU
 statistics (gpustats.py), the orphan watch (orphan.py), and live delivery with the
@@ -23,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from ..config import Config, load_config
+from ..config import DEFAULT_PATH, Config, load_config
 from ..errors import GpuEffError, GpuLost
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, NodeSummary
 from .binding import gpu_minors
@@ -33,7 +35,7 @@ from .jobenv import JobContext, job_of_pid, parse_job_gpus
 from .live import LiveDelivery, export_live, unexport
 from .log import HookLog
 from .orphan import OrphanWatch, squeue_for
-from .spool import SUMMARY, Spool, write_json
+from .spool import SUMMARY, Spool, locator_path, remove_locator, write_json, write_locator
 from .verify import BindingCheck
 
 VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and the cgroup
@@ -164,20 +166,26 @@ class Sampler:
 
 
 class Stopper:
-    """Turns SIGTERM/SIGINT into a flag and wakes any wait at once (no sleep to finish)."""
+    """Turns SIGTERM/SIGINT into a flag and wakes any wait at once (no sleep to finish).
+    SIGUSR1 is the shell epilog's stop (epilog/gpueff-epilog): do the epilog's work too
+    (finish()); SIGTERM, Slurm's or the Python epilog's, leaves the final summary as the
+    checkpoint for the epilog to post."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.epilog = False  # asked by the shell epilog to post the final summary itself
         self._read, write = os.pipe()
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write)
         self._poll = select.poll()  # once a poll: cheaper than select(), which builds fd sets
         self._poll.register(self._read, select.POLLIN)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.requested = True
+        if signum == signal.SIGUSR1:
+            self.epilog = True
 
     def wait(self, seconds: float) -> None:
         if seconds > 0 and not self.requested and self._poll.poll(seconds * 1000):
@@ -187,8 +195,9 @@ class Stopper:
 FIRST_LIVE_S = 10.0
 
 
-def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: HookLog) -> None:
-    """Sample until told to stop, checkpointing and posting live copies on the way."""
+def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: HookLog) -> NodeSummary | None:
+    """Sample until told to stop, checkpointing and posting live copies on the way. The
+    final summary when it posted it for the shell epilog (finish()), else None."""
     config = sampler.config
     summary_path = os.path.join(job_dir, SUMMARY)
     now = sampler.monotonic()
@@ -213,10 +222,10 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         if now >= next_checkpoint:
             if not os.path.isdir(job_dir):
                 log.write("the job's spool directory is gone (its epilog ran): stopping")
-                return
+                return None
             if orphan.ended():
                 finish_orphan(sampler, summary_path, live, log)
-                return
+                return None
             checkpoint(summary_path, sampler.snapshot(RUNNING), log)
             next_checkpoint = now + config.checkpoint_s
         if now >= next_live:
@@ -226,9 +235,12 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         if next_tick <= now:  # fell behind (suspended, overloaded): do not burst to catch up
             next_tick = now + sampler.wait_s
         stopper.wait(next_tick - sampler.monotonic())
+    if stopper.epilog:
+        return finish(sampler, job_dir, spool, log)
     sampler.sample_once()
     checkpoint(summary_path, sampler.snapshot(COMPLETE), log)
     live.reap()
+    return None
 
 
 def run_started_at(env: Mapping[str, str]) -> float | None:
@@ -237,6 +249,67 @@ def run_started_at(env: Mapping[str, str]) -> float | None:
         return float(env["GPUEFF_RUN_STARTED"])
     except (KeyError, ValueError):
         return None
+
+
+def finish(sampler: Sampler, job_dir: str, spool: Spool, log: HookLog) -> NodeSummary | None:
+    """The epilog's work, done here when the shell epilog asks for it (SIGUSR1), so that
+    the epilog starts no interpreter and reads no config: the last reading, and the node's
+    final summary posted to the outbox, before the GPUs are let go (run() closes NVML
+    after, then calls handed_over()). None when it could not be posted: it is left as the
+    checkpoint in the job's directory, which the epilog's Python path posts as it always
+    did (the shell hands over when this process ends without saying "posted")."""
+    sampler.sample_once()
+    summary = sampler.snapshot(COMPLETE)
+    summary.ended_at = time.time()  # as the Python epilog dates it: wall time
+    try:
+        spool.post(summary)
+    except GpuEffError as exc:
+        log.write(f"cannot post the final summary, left for the epilog: {exc}")
+        checkpoint(os.path.join(job_dir, SUMMARY), summary, log)
+        return None
+    return summary
+
+
+POSTED = "gpueff-posted"  # this process's name (/proc/PID/comm) once it may go: see below
+
+
+def handed_over(summary: NodeSummary, job_dir: str, config: Config, log: HookLog) -> None:
+    """After finish() posted and NVML is shut down: says so to the shell epilog, which
+    returns then (its wait ends on a name in /proc, which costs no disk write, not on
+    what follows, which may wait on the file system's journal behind the post's fsync):
+    then the job's spool directory goes (after the post: the Python epilog reads its
+    absence as "posted"), the log line, a deliverer."""
+    from .hooks import deliver
+
+    try:
+        with open("/proc/self/comm", "w", encoding="ascii") as handle:
+            handle.write(POSTED)
+    except OSError:
+        pass  # the epilog then waits for this process to end, and sees the directory gone
+    remove_job_dir(job_dir)
+    log.write(f"posted {summary.status} summary ({len(summary.gpus)} GPUs)")
+    # A live copy's delivery may still run (not waited for: it takes this one or leaves
+    # it to the deliverer started here, which retries while the store is away).
+    deliver(config, Spool(config.spool_for(summary.node)), os.environ, log)
+
+
+def remove_job_dir(job_dir: str) -> None:
+    """shutil.rmtree for the files the sampler and the prologs leave there (no
+    subdirectories); shutil would import fnmatch and more on the epilog's time."""
+    try:
+        names = os.listdir(job_dir)
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(job_dir, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(job_dir)
+
+
+def job_locator(config: Config, job: JobContext) -> str | None:
+    """Where the shell epilog looks for this job's sampler (spool.locator_path)."""
+    return locator_path(config.path or DEFAULT_PATH, job.node, job.job_id)
 
 
 def finish_orphan(sampler: Sampler, summary_path: str, live: LiveDelivery, log: HookLog) -> None:
@@ -299,6 +372,7 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
         started = run_started_at(os.environ)  # the prolog says when this run began
     session = None
     sampler: Sampler | None = None
+    posted: NodeSummary | None = None  # for the shell epilog (finish)
     try:
         session = GpuSession(config, job.node)
         # The node's GPU map, renewed here (as root) only when slurmd or its config changed:
@@ -317,8 +391,9 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
                           run_started=started, node_processes=session.node_processes)
         if run_in_job:  # kept with the binding's evidence, which `gpueff --json` shows
             sampler.binding.note(run_in_job)
-        loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
-        log.write("stopped cleanly")
+        posted = loop(sampler, stopper, job_dir, Spool(config.spool_for(job.node)), log)
+        if posted is None:  # else handed_over() says how it ended
+            log.write("stopped cleanly")
     except GpuEffError as exc:
         log.write(f"cannot sample: {exc}")
         # Keep what was measured: a failure mid-job must not overwrite it with nothing.
@@ -330,6 +405,9 @@ def run(job_dir: str, config: Config, started: float | None = None, stopper: Sto
         unexport(config, job.job_id)  # however the sampler ends: no stale figures
         if session is not None:
             session.close()
+        if posted is not None:
+            handed_over(posted, job_dir, config, log)
+        remove_locator(job_locator(config, job))
 
 
 def begin(env: Mapping[str, str]) -> None:
@@ -357,6 +435,13 @@ def begin(env: Mapping[str, str]) -> None:
     except (GpuEffError, OSError) as exc:
         log.write(str(exc))
         return
+    locator = job_locator(config, JobContext.from_env(env))
+    if locator:
+        try:  # the shell epilog's way to this process; without it, its slower Python path
+            write_locator(locator, os.getpid(), started, job_dir)
+        except OSError as exc:
+            log.write(f"cannot write {locator} ({exc.strerror or exc}): this job's epilog "
+                      "takes its slower path")
     log.write(f"sampler pid {os.getpid()} started for SLURM_JOB_GPUS={env.get('SLURM_JOB_GPUS', '')}")
     run(job_dir, config, started, stopper)
 
@@ -369,7 +454,10 @@ def main(argv: list[str]) -> int:
             with contextlib.suppress(Exception):
                 HookLog(load_config().log_for(os.environ.get("SLURMD_NODENAME", "")), argv[1],
                         "sampler").write(f"crashed: {exc!r}")
-        return 0
+        # Gone at once: the epilog waits for this process to end, and the interpreter's
+        # teardown would cost it ~10 ms. Nothing is left to flush: every file written is
+        # closed, NVML is shut down, stdio is /dev/null.
+        os._exit(0)
     if len(argv) != 1:
         print("usage: python -m slurm_gpu_eff.node.sampler JOB_DIR | --prolog JOB_ID", file=sys.stderr)
         return 2

@@ -10,6 +10,9 @@
     SPOOL/outbox/corrupt/          files that were not summaries, kept for a human
     SPOOL/outbox/deliver.lock      held by the one deliverer at work on this spool
 
+and, outside the spool, where the shell epilog finds a running sampler without reading
+the config: /run/slurm-gpu-eff/by-config/CONFIG_PATH/NODE/JOBID (locator_path, below).
+
 Every write is atomic (temporary file, fsync, rename): a crash leaves the old file or
 the new one, never half of one. Summaries go to the outbox first and to the store
 second, so a store that is down loses nothing: the next delivery takes them. The spool
@@ -51,13 +54,16 @@ class Spool:
 
     def post(self, summary: NodeSummary) -> str:
         """Queue a node summary for the store; the newest one per job, node and run wins."""
+        path = self.posted_as(summary)
+        write_json(path, summary.to_dict())
+        return path
+
+    def posted_as(self, summary: NodeSummary) -> str:
+        """Where post() puts `summary`: one name per job, node and run."""
         name = f"{safe_part(summary.cluster)}-{safe_part(summary.job_id)}-{safe_part(summary.node)}"
         if summary.run_started_at:  # a requeued run never overwrites the one before
             name += f"-{int(summary.run_started_at)}"
-        name += ".json"
-        path = os.path.join(self.outbox, name)
-        write_json(path, summary.to_dict())
-        return path
+        return os.path.join(self.outbox, name + ".json")
 
     def pending(self) -> list[str]:
         """Summaries waiting in the outbox, by name."""
@@ -162,6 +168,53 @@ def is_sampler(pid: int, job_dir: str) -> bool:
     at = parts.index(b"--prolog") if b"--prolog" in parts else -1
     return (at >= 0 and b"slurm_gpu_eff.node.sampler" in parts
             and parts[at + 1:at + 2] == [os.path.basename(job_dir).encode()])
+
+
+# Where the shell epilog finds a job's sampler without reading the config (a TOML reader
+# in sh would cost it more than all the rest of its work): the sampler writes its pid, the
+# run's start and its job directory at LOCATOR_ROOT + CONFIG + "/" + NODE + "/" + JOBID,
+# keyed by the path of the config file the hooks read ($GPUEFF_CONFIG, else the default),
+# so that configs of their own on one machine (tests, several clusters) keep apart. /run
+# is memory, root's, and empty after a reboot, as a running sampler's pointer should be.
+# The sampler removes it as it ends, and the Python epilog after it.
+LOCATOR_ROOT = "/run/slurm-gpu-eff/by-config"
+
+
+def locator_path(config_file: str, node: str, job_id: str) -> str | None:
+    """The job's locator, as epilog/gpueff-epilog spells it; None where the shell would not
+    look (a relative config path or one with . or .. in it, a node name that is not a safe
+    path part, a job id that is not digits): that job's epilog takes the Python path."""
+    if not config_file.startswith("/") or any(p in (".", "..") for p in config_file.split("/")):
+        return None
+    if node in ("", ".", "..") or safe_part(node) != node:
+        return None
+    if not (job_id.isascii() and job_id.isdigit()):
+        return None
+    return f"{LOCATOR_ROOT}{config_file}/{node}/{job_id}"
+
+
+def write_locator(path: str, pid: int, started: float, job_dir: str) -> None:
+    """"PID STARTED JOB_DIR", written whole and renamed like the pid file (the epilog may
+    read it at once). Only below an existing /run: never makes that."""
+    root = os.path.dirname(os.path.dirname(LOCATOR_ROOT))
+    if not os.path.isdir(root):
+        raise OSError(errno.ENOENT, f"{root} does not exist", root)
+    if "\n" in job_dir:  # sh reads one line
+        raise OSError(errno.EINVAL, "a line break in the spool's path", job_dir)
+    private_dirs(os.path.dirname(path))
+    part = f"{path}.{pid}.part"
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(f"{pid} {started:.3f} ".encode() + os.fsencode(job_dir) + b"\n")
+    os.replace(part, path)
+
+
+def remove_locator(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def private_dirs(path: str) -> None:

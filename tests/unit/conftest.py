@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 from slurm_gpu_eff import model
 from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.node.gpu import GpuSession
+from slurm_gpu_eff.node.spool import LOCATOR_ROOT
 from slurm_gpu_eff.sim.profile import parse_profile
 from slurm_gpu_eff.sim.workload import state_path, state_record
 from slurm_gpu_eff.slurm.records import SlurmJob
@@ -417,6 +419,8 @@ def hook_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HookS
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
+    # The locators the shell prolog's samplers wrote for this site's config (spool.py)
+    shutil.rmtree(LOCATOR_ROOT + str(tmp_path), ignore_errors=True)
 
 
 # --- the store engines --------------------------------------------------------------------

@@ -485,3 +485,14 @@ def test_a_sampler_still_not_up_when_the_epilog_gives_up_is_killed(hook_site: An
     assert "was not up after 0.5 s: killed" in hook_site.log()
     (summary,) = hook_site.stored(job)
     assert summary.status == MISSING
+
+
+def test_a_sampler_that_cannot_be_started_is_said_so(hook_site: Any) -> None:
+    """start_detached spawns (posix_spawn): an interpreter that is not there is an error
+    the prolog logs, not a pid file naming a process that never ran."""
+    hook_site.configure(hooks={"python": str(hook_site.root / "no-python")})
+    env = hook_site.export(hook_site.env())
+    assert hooks.main(["prolog"], env) == 0
+    missing = hook_site.root / "no-python"
+    assert f"cannot start the sampler ({missing}): No such file or directory" in hook_site.log()
+    assert not (hook_site.job_dir() / "sampler.pid").exists()

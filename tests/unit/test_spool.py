@@ -145,3 +145,18 @@ def test_job_dir_is_inside_the_spool_whatever_the_id(tmp_path: Path) -> None:
     spool = Spool(str(tmp_path))
     assert spool.job_dir("4242") == str(tmp_path / "jobs" / "4242")
     assert spool.job_dir("../../etc") == str(tmp_path / "jobs" / ".._.._etc")
+
+
+def test_a_summary_s_dict_is_what_asdict_gives(make_summary: Callable[..., NodeSummary]) -> None:
+    """NodeSummary.to_dict skips asdict's deep copy (the sampler posts on the epilog's
+    time): the same data for every field; a field holding a dataclass would differ here."""
+    import dataclasses
+
+    summary = make_summary(utils=(50.0, None), binding={"status": "verified", "evidence": ["bound"]},
+                           run_started_at=1.5, ended_at=9.0)
+    gpu = summary.gpus[0]
+    gpu.timeline, gpu.xid_events = {"t": [0, 1], "util": [5.0, 6.0]}, [{"at": 1.0, "code": 79}]
+    gpu.util_histogram_s, gpu.throttle_s, gpu.idle_now = [1.0] * 10, {"thermal": 2.0}, {"since": 1.0}
+    assert summary.to_dict() == dataclasses.asdict(summary)
+    assert json.dumps(summary.to_dict()) == json.dumps(dataclasses.asdict(summary))
+    assert NodeSummary.from_dict(summary.to_dict()) == summary
