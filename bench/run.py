@@ -21,9 +21,11 @@ run on the same machine, so the numbers travel between machines:
   stopped), / the same epilog with the store up; and epilog-to-store throughput, 500
   epilogs on 25 nodes 25 at a time as in the stress test, summaries/s until the store holds
   them all (PostgreSQL's / SQLite's);
-- `gpueff JOBID` / Slurm's own seff (`.peers/seff`) on the same finished GPU job of the
-  dev cluster, run in turns as the job's owner (median of 10 each; bar 1.5x, issue 9);
-  skipped, saying why, when the cluster is not up.
+- on the running dev cluster (`--only slurm` alone; skipped, saying why, when it is not
+  up), through each Slurm backend (bench/slurm_paths.py): `gpueff JOBID` / the release's
+  own seff on finished GPU jobs of several shapes, timed inside the cluster as each job's
+  owner (median of the per-job ratios; bar 0.9x, issue 21); the usage report's sync over
+  a month of 10,000 finished GPU jobs.
 The sampler reads the full metric set (driver samples, GPM, clocks, throttling,
 processes, ECC, XID) through the real pynvml binding; bar: 1 ms and 1.5x the bare calls
 per GPU-sample (issue #7). GPUs are simulated below pynvml (no GPU here): the stand-in
@@ -400,41 +402,6 @@ def as_user(env: dict[str, str], user: str, *command: str) -> list[str]:
 GPUEFF = str(REPO / ".venv" / "bin" / "gpueff")
 
 
-def bench_report_vs_seff(runs: int = 7, jobs: int = 5) -> tuple[list[str], float, float, float] | str:
-    """`gpueff JOBID` against Slurm's own seff on the same finished GPU jobs of the dev
-    cluster (up to `jobs` of them), in turns, as each job's owner would run them. Returns
-    (jobs, median gpueff, median seff, median of the per-job ratios), or why skipped."""
-    seff = REPO / ".peers" / "seff"
-    if not seff.exists():
-        return "no .peers/seff (scripts/install-deps.sh fetches it)"
-    found = cluster_jobs()
-    if isinstance(found, str):
-        return found
-    env, gpu_jobs = found
-
-    def reports(job: str, user: str) -> bool:
-        return subprocess.run(as_user(env, user, GPUEFF, job), env=env, capture_output=True,
-                              timeout=60, check=False).returncode == 0
-
-    chosen = [j for j in reversed(gpu_jobs[-200:]) if reports(*j)][:jobs]
-    if not chosen:
-        return "no finished GPU job with figures on the dev cluster: make demo"
-    ours, theirs, ratios = [], [], []
-    for job, user in chosen:
-        walls: dict[str, list[float]] = {"gpueff": [], "seff": []}
-        for _ in range(runs):
-            for name, command in (("gpueff", [GPUEFF, job]), ("seff", ["perl", str(seff), job])):
-                started = time.perf_counter()
-                subprocess.run(as_user(env, user, *command), env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=60, check=False)
-                walls[name].append(time.perf_counter() - started)
-        ours.append(statistics.median(walls["gpueff"]))
-        theirs.append(statistics.median(walls["seff"]))
-        ratios.append(ours[-1] / theirs[-1])
-    medians = [statistics.median(v) for v in (ours, theirs, ratios)]
-    return [j for j, _ in chosen], medians[0], medians[1], medians[2]
-
-
 @contextlib.contextmanager
 def flooding(env: dict[str, str], user: str, job: str, workers: int = 8):
     """`user` asking gpueff (and so sacct and slurmdbd) about `job` in a tight loop from
@@ -675,7 +642,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="sampler/baseline turns (median)")
     parser.add_argument("--epilogs", type=int, default=20,
                         help="epilogs per node (25 nodes) for the throughput figures")
-    parser.add_argument("--only", choices=("usage", "hooks", "sampler"), help="run this section alone")
+    parser.add_argument("--only", choices=("usage", "hooks", "sampler", "slurm"),
+                        help="run this section alone")
     parser.add_argument("--usage-jobs", type=int, default=1_000_000,
                         help="GPU job runs in the usage-report store (default 1,000,000)")
     parser.add_argument("--usage-runs", type=int, default=3, help="usage report turns (median)")
@@ -683,6 +651,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.bare_reads:
         print(bare_reads_cpu(dict(os.environ), args.bare_reads, args.interval))
+        return 0
+    if args.only == "slurm":
+        from bench import slurm_paths
+
+        print_rows(slurm_paths.rows())
         return 0
     if args.only == "usage":
         print_rows(usage_rows(args.usage_jobs, args.usage_runs))
@@ -729,13 +702,9 @@ def main() -> int:
     if no_pg:
         rows.append(("PostgreSQL figures", "skipped", no_pg[:45], "-", True))
     rows += sampler
-    versus = bench_report_vs_seff()
-    if isinstance(versus, str):
-        rows.append(("gpueff JOBID vs Slurm's seff", "skipped", versus[:45], "-", True))
-    else:
-        jobs, ours, theirs, ratio = versus
-        rows.append((f"gpueff JOBID vs seff ({len(jobs)} jobs)", f"{ours * 1000:.0f} ms",
-                     f"{ratio:.2f}x seff ({theirs * 1000:.0f} ms), median ratio", "<= 1.5x", ratio <= 1.5))
+    from bench import slurm_paths
+
+    rows += slurm_paths.rows()  # gpueff JOBID vs seff and the report's sync, per backend
     if flood is None or isinstance(flood, str):
         rows.append(("read path flooded by a user", "skipped", (flood or "no store")[:45], "-", True))
     else:
