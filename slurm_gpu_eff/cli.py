@@ -157,9 +157,15 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None) -> str:
     config = load_config(args.config)
     slurm = connect(config, early)
     from .report.hints import HintSettings
+    from .report.job import prepare
     from .report.lookup import job_report
+    from .report.render import prepare as prepare_render
     from .report.render import render_json, render_text
 
+    # Whatever does not depend on the job, made ready before sacct is waited for: after
+    # its answer only the job's own work is left.
+    prepare()
+    prepare_render(args.json)
     report = job_report(slurm, args.job_id, partial(_read_store, config.store_read_url),
                         HintSettings.from_config(config.hints))
     return render_json(report) if args.json else render_text(report)
