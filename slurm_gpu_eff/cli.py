@@ -7,19 +7,21 @@ unless --debug is given.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
 from functools import partial
-from typing import TYPE_CHECKING, Any
 
 from .config import load_config
 from .errors import GpuEffError, NotPermitted
 
+# typing.TYPE_CHECKING, without importing typing before sacct starts (mypy takes any
+# TYPE_CHECKING for it)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
+    from typing import Any
 
     from .slurm.sacct import SacctRun
 
@@ -279,6 +281,7 @@ def _mine(config: Any, period: Any, form: str) -> str:
 
 def _publish(path: str, median: dict[str, Any]) -> None:
     """The cluster's median for users' --me: written whole or not at all, readable by all."""
+    import contextlib
     import json
 
     part = f"{path}.{os.getpid()}.part"
@@ -361,10 +364,14 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
     config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
     config = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config)
     try:
+        from .config import sacct_settings
         from .slurm.sacct import SacctRun
 
-        loaded = load_config(config)
-        return SacctRun(argv[0], loaded.sacct, loaded.comment_field)
+        named = sacct_settings(config)
+        if named is None:
+            loaded = load_config(config)
+            named = loaded.sacct, loaded.comment_field
+        return SacctRun(argv[0], *named)
     except GpuEffError:
         return None
 
