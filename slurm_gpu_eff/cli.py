@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from functools import partial
 
 from .config import load_config
 from .errors import GpuEffError, NotPermitted
@@ -161,6 +160,8 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None, alone: b
 
     config = load_config(args.config)
     slurm = connect(config, early)
+    from functools import partial
+
     from .report.hints import HintSettings
     from .report.job import prepare
     from .report.lookup import job_report
@@ -204,6 +205,8 @@ def cmd_usage(args: argparse.Namespace) -> str:
 
 
 def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
+    from functools import partial
+
     from .report.hints import HintSettings
     from .report.usage import cluster_median, sacct_time, usage_report
     from .report.usage import sync as sync_usage
@@ -256,6 +259,7 @@ def _admin(group: str) -> bool:
 def _mine(config: Any, period: Any, form: str) -> str:
     import json
     import pwd
+    from functools import partial
 
     from .report.hints import HintSettings
     from .report.render import render_mine
@@ -382,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.disable()  # while it loads (cmd_report enables it again, other commands below)
     argv = sys.argv[1:] if argv is None else argv
     early = early_sacct(argv)
+    from functools import partial  # here: nothing but the standard library's least before sacct
+
     command: Callable[[argparse.Namespace], str | tuple[str, int]]
     job = False  # `gpueff JOBID`, the report of one job
     if argv[:1] == ["deliver"]:

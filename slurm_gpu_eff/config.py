@@ -12,9 +12,12 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
 
 from .errors import ConfigError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without loading typing (or collections) for it
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 DEFAULT_PATH = "/etc/slurm-gpu-eff/gpueff.toml"
 

@@ -1,5 +1,6 @@
-"""The accounting query `gpueff JOBID` starts before anything else loads (standard library
-only: it costs 13 ms to import, the rest of gpueff 150 ms, and slurmdbd answers meanwhile).
+"""The accounting query `gpueff JOBID` starts before anything else loads: only the least
+of the standard library (no `re`, `subprocess`, `signal` module: their imports cost more
+than this module's work before sacct starts), and slurmdbd answers while the rest loads.
 
 The delimiter is new for every call (random bytes between unit separators): a job's owner
 cannot put it in the job's name ahead of time, so no name can cut a row where it likes
@@ -9,9 +10,11 @@ cannot put it in the job's name ahead of time, so no name can cut a row where it
 from __future__ import annotations
 
 import os
-import re
-import signal
 import time
+
+# The signal numbers without the signal module (its enums load enum and functools): the
+# C module it wraps, loaded with the interpreter.
+from _signal import SIGKILL, SIGPIPE, SIGXFSZ
 
 from ..errors import SlurmError, UsageError
 
@@ -26,12 +29,23 @@ FIELDS = (
     "ExitCode", "ElapsedRaw", "TimelimitRaw", "Start", "End", "NCPUS", "NNodes", "NodeList",
     "TotalCPU", "ReqMem", "MaxRSS", "NTasks", "AdminComment",
 )
-JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+
+
+def is_job_id(text: str) -> bool:
+    r"""A job id as sacct takes one: 1234, an array task 1234_7, a heterogeneous component
+    1234+1 (1234_7+1 too), digits being Unicode decimal digits: what the regular
+    expression `^\d+(_\d+)?(\+\d+)?$` matches (commands.JOB_ID), but for a trailing
+    newline, without loading `re`."""
+    rest, plus, component = text.partition("+")
+    if plus and not component.isdecimal():
+        return False
+    job, underscore, task = rest.partition("_")
+    return job.isdecimal() and (not underscore or task.isdecimal())
 
 
 def check_job_id(job_id: str) -> str:
     job_id = job_id.strip()
-    if not JOB_ID.match(job_id):
+    if not is_job_id(job_id):
         raise UsageError(f"{job_id!r} is not a Slurm job id (like 1234, 1234_7 or 1234+1)")
     return job_id
 
@@ -91,7 +105,7 @@ class SacctRun:
                 (os.POSIX_SPAWN_DUP2, out_w, 1),
                 (os.POSIX_SPAWN_DUP2, err_w, 2),
                 *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()),
-            ], setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+            ], setsigdef=(SIGPIPE, SIGXFSZ))
         except BaseException as exc:
             for fd in (self.out, self.err):
                 os.close(fd)
@@ -116,7 +130,7 @@ class SacctRun:
                 wait = deadline - time.monotonic()
                 ready = poller.poll(wait * 1000) if wait > 0 else []
                 if not ready:
-                    os.kill(self.pid, signal.SIGKILL)
+                    os.kill(self.pid, SIGKILL)
                     os.waitpid(self.pid, 0)
                     raise SlurmError(f"sacct did not answer within {self.TIMEOUT_S} s (is slurmdbd up?)")
                 for fd, _ in ready:

@@ -156,22 +156,38 @@ def test_the_command_s_errors_and_exit_statuses_are_as_ever(tmp_path: Path, job_
 
 
 def test_gpueff_starts_sacct_before_the_toml_reader_typing_or_subprocess_load(tmp_path: Path) -> None:
-    """What a fresh `gpueff JOBID` has loaded when it starts sacct (the console script's
-    own `import re` included): the standard library's cheapest, and none of the heavy."""
+    """What a fresh `gpueff JOBID` (bin/gpueff) has loaded when it starts sacct: the
+    standard library's least, and none of what costs (re and enum, functools and
+    collections, typing, the TOML reader, subprocess, argparse, jinja2...)."""
     # (not under tmp_path: its name holds "sacct", which leaves the file to the TOML reader)
     config = write_config(tmp_path / "gpueff.toml", {"store": {"path": "/var/lib/x.db"}})
+    script = (ROOT / "bin" / "gpueff").read_text()
+    assert "import sys\n\nfrom slurm_gpu_eff.cli import main\n" in script and "import re" not in script
     probe = (
-        "import json, os, sys, re\n"
+        "import os, sys\n"
         "def spawn(*args, **kwargs):\n"
-        "    print(json.dumps(sorted(sys.modules)))\n"
+        "    print(' '.join(sorted(sys.modules)))\n"
         "    os._exit(0)\n"
         "os.posix_spawnp = spawn\n"
-        "from slurm_gpu_eff.cli import main\n"
         f"sys.argv = ['gpueff', '4242', '--config', {str(config)!r}]\n"
+        "from slurm_gpu_eff.cli import main\n"
         "main()\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60, check=True)
-    loaded = set(json.loads(done.stdout))
+    loaded = set(done.stdout.split())
     assert "slurm_gpu_eff.slurm.sacct" in loaded
-    assert not loaded & {"tomllib", "tomli", "typing", "subprocess", "argparse", "jinja2", "dataclasses"}
+    assert not loaded & {"re", "enum", "functools", "collections", "typing", "signal", "tomllib", "tomli",
+                         "subprocess", "argparse", "json", "jinja2", "dataclasses"}
+
+
+@pytest.mark.parametrize("text", [
+    "1234", "1234_7", "1234+1", "1234_7+1", "0", "12\u0663",  # a Unicode decimal digit, as \d
+    "", "_7", "1234_", "1234+", "+1", "1234_7_8", "1234+1+2", "1234+1_7", "12 34", "12a", "1234\n5",
+    "\u00b2", "1234_\u00b2", "-1", "1.5", "1234;touch /tmp/x",
+])
+def test_is_job_id_is_the_regular_expression_of_job_ids(text: str) -> None:
+    from slurm_gpu_eff.slurm.commands import JOB_ID
+    from slurm_gpu_eff.slurm.sacct import is_job_id
+
+    assert is_job_id(text) == bool(JOB_ID.match(text))
