@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,32 @@ def test_is_job_id_is_the_regular_expression_of_job_ids(text: str) -> None:
     from slurm_gpu_eff.slurm.sacct import is_job_id
 
     assert is_job_id(text) == bool(JOB_ID.match(text))
+
+
+# --- our figures' line decoded at C speed ----------------------------------------------------------
+
+def _either(decode: Callable[[], bytes]) -> object:
+    try:
+        return decode()
+    except Exception as exc:  # the same error, said the same way
+        return type(exc), str(exc)
+
+
+def test_b32decode_is_base64_s_for_every_length_and_every_wrong_input() -> None:
+    import base64
+    import random
+
+    from slurm_gpu_eff.mirror import b32decode
+
+    def padded(text: str) -> str:
+        return text + "=" * (-len(text) % 8)
+
+    for n in [*range(0, 120), 37_500]:  # 37,500 bytes: a full comment field's 60,000 digits
+        raw = random.randbytes(n)
+        text = base64.b32encode(raw).decode().rstrip("=")
+        assert b32decode(text) == raw
+    for n in range(0, 40):  # any digits, leftover bits set, lengths no padding makes whole
+        text = "".join(random.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") for _ in range(n))
+        assert _either(lambda t=text: b32decode(t)) == _either(lambda t=text: base64.b32decode(padded(t)))
+    for text in ["A0", "AB=C", "ab", "A B", "1", "\u00c4B", "_AB", "+AB", "AAAAAAA-", "A" * 9, "-1"]:
+        assert _either(lambda t=text: b32decode(t)) == _either(lambda t=text: base64.b32decode(padded(t)))
