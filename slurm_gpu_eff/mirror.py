@@ -101,10 +101,28 @@ def figures(text: str) -> list[NodeSummary] | None:
         return None
     encoded = words["figures"].upper()
     try:
-        raw = zlib.decompress(base64.b32decode(encoded + "=" * (-len(encoded) % 8)))
+        raw = zlib.decompress(b32decode(encoded))
         return [NodeSummary.from_dict(d) for d in json.loads(raw)]
     except (binascii.Error, zlib.error, ValueError, TypeError, AttributeError, GpuEffError) as exc:
         raise MirrorError(f"the GPU figures in the job's AdminComment are unreadable ({exc})") from exc
+
+
+_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"  # RFC 4648's base 32 digits, in their order
+_B32_AS_INT = str.maketrans(_B32, "0123456789abcdefghijklmnopqrstuv")  # int()'s base 32 digits
+_B32_DROP = str.maketrans("", "", _B32)
+
+
+def b32decode(encoded: str) -> bytes:
+    """base64.b32decode(encoded, padded as needed), at C speed: the standard library's
+    decodes eight characters at a time in Python (5 ms for a full comment field, after
+    sacct's answer). RFC 4648's digits are int()'s base 32 in another alphabet, which int()
+    reads in linear time. Anything else (another character, a length no padding makes
+    whole, nothing at all) goes to base64.b32decode, which says what is wrong as ever."""
+    n = len(encoded)
+    if not n or n % 8 in (1, 3, 6) or encoded.translate(_B32_DROP):
+        return base64.b32decode(encoded + "=" * (-n % 8))
+    size = n * 5 // 8  # the whole bytes in n digits; the bits left over are dropped, as there
+    return (int(encoded.translate(_B32_AS_INT), 32) >> (n * 5 - size * 8)).to_bytes(size, "big")
 
 
 def our_part(text: str) -> str | None:

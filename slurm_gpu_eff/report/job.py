@@ -54,6 +54,13 @@ def this_run(job: SlurmJob, summaries: list[NodeSummary]) -> tuple[list[NodeSumm
     return current, [s for s in summaries if s not in current]
 
 
+def prepare() -> None:
+    """Made ready ahead of the job (while sacct answers): time.strptime, which imports its
+    module and builds the locale's patterns at its first call (several ms), for sacct's
+    times."""
+    _epoch("2000-01-01T00:00:00")
+
+
 def _epoch(text: str) -> float | None:
     """sacct's local time (2026-11-20T10:00:00) as epoch seconds; None for Unknown/None."""
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -104,14 +105,14 @@ class _Compiled(jinja2.FileSystemBytecodeCache):
 def precompile() -> list[str]:
     """Compile every template into the shared cache (run as the package's owner)."""
     os.makedirs(COMPILED, mode=0o755, exist_ok=True)
-    env = _environment()
+    env = _new_environment()  # not this process's: each template compiled and written anew
     names = env.list_templates(extensions=["j2"])  # not the compiled cache beside them
     for name in names:
         env.get_template(name)
     return names
 
 
-def _environment() -> jinja2.Environment:
+def _new_environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         bytecode_cache=_Compiled(COMPILED),
@@ -128,6 +129,20 @@ def _environment() -> jinja2.Environment:
     )
     env.globals["charts"] = charts
     return env
+
+
+# One per process: a template, once loaded, is kept (and looked at again on each use: one
+# changed on disk is read anew, jinja2's auto_reload).
+_environment = functools.cache(_new_environment)
+
+
+def prepare(as_json: bool = False) -> None:
+    """What `gpueff JOBID` will render, loaded now, while sacct answers: the environment and
+    the report's templates (from the compiled cache; an array's or a heterogeneous job's
+    too, ~1 ms), so that only the rendering is left once the job's figures are in."""
+    if not as_json:
+        for name in ("report.txt.j2", "group.txt.j2"):
+            _environment().get_template(name)
 
 
 def render_text(report: JobReport | GroupReport) -> str:

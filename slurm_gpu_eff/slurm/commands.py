@@ -13,6 +13,7 @@ holding a newline is stitched back together by counting real delimiters.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from ..config import Config, find_command
@@ -32,7 +33,9 @@ from .records import (
     sacct_time,
 )
 from .run import run_slurm, said
-from .sacct import DELIMITER, FIELDS, JOB_ID, SacctRun, check_job_id, fresh_delimiter
+from .sacct import DELIMITER, FIELDS, SacctRun, check_job_id, fresh_delimiter
+
+JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")  # sacct.is_job_id() says the same, without `re`
 
 
 class SacctQuery:

@@ -74,7 +74,7 @@ from .base import Slurm
 from .commands import Commands, jobs_from_rows, parse_rows
 from .records import COMMENT_FIELDS, Comment, RunningJob, SlurmJob, mirrored_gpus
 from .run import run_slurm, said
-from .sacct import FIELDS, JOB_ID, check_job_id, fresh_delimiter
+from .sacct import FIELDS, check_job_id, fresh_delimiter, is_job_id
 
 # Slurm's constants (slurm.h), the same in 22.05 and 24.11
 NO_VAL = 0xFFFFFFFE
@@ -145,7 +145,7 @@ class Pyslurm(Slurm):
         if row is None:
             return Comment("", "", job_id)
         shown = row["JobID"]
-        task = shown if ("_" in shown or "+" in shown) and JOB_ID.match(shown) else job_id
+        task = shown if ("_" in shown or "+" in shown) and is_job_id(shown) else job_id
         return Comment(row["AdminComment"], row["AllocTRES"], task,
                        row["User"] if owner else "", row["Account"] if owner else "")
 
@@ -617,7 +617,7 @@ def job_now(record: dict[str, Any]) -> RunningJob:
         comment=record.get("comment") or "",
         time_limit=duration(int(limit) * 60) if isinstance(limit, int) else str(limit or ""),
         run_time=duration(int(record.get("run_time") or 0)), nodes=record.get("nodes") or "",
-        tres=record.get("tres_alloc_str") or "", task_id=task_id if JOB_ID.match(task_id) else "",
+        tres=record.get("tres_alloc_str") or "", task_id=task_id if is_job_id(task_id) else "",
         start_at=float(start) if start else None,
     )
 

@@ -1,5 +1,6 @@
-"""The accounting query `gpueff JOBID` starts before anything else loads (standard library
-only: it costs 13 ms to import, the rest of gpueff 150 ms, and slurmdbd answers meanwhile).
+"""The accounting query `gpueff JOBID` starts before anything else loads: only the least
+of the standard library (no `re`, `subprocess`, `signal` module: their imports cost more
+than this module's work before sacct starts), and slurmdbd answers while the rest loads.
 
 The delimiter is new for every call (random bytes between unit separators): a job's owner
 cannot put it in the job's name ahead of time, so no name can cut a row where it likes
@@ -9,9 +10,11 @@ cannot put it in the job's name ahead of time, so no name can cut a row where it
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import time
+
+# The signal numbers without the signal module (its enums load enum and functools): the
+# C module it wraps, loaded with the interpreter.
+from _signal import SIGKILL, SIGPIPE, SIGXFSZ
 
 from ..errors import SlurmError, UsageError
 
@@ -26,12 +29,23 @@ FIELDS = (
     "ExitCode", "ElapsedRaw", "TimelimitRaw", "Start", "End", "NCPUS", "NNodes", "NodeList",
     "TotalCPU", "ReqMem", "MaxRSS", "NTasks", "AdminComment",
 )
-JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+
+
+def is_job_id(text: str) -> bool:
+    r"""A job id as sacct takes one: 1234, an array task 1234_7, a heterogeneous component
+    1234+1 (1234_7+1 too), digits being Unicode decimal digits: what the regular
+    expression `^\d+(_\d+)?(\+\d+)?$` matches (commands.JOB_ID), but for a trailing
+    newline, without loading `re`."""
+    rest, plus, component = text.partition("+")
+    if plus and not component.isdecimal():
+        return False
+    job, underscore, task = rest.partition("_")
+    return job.isdecimal() and (not underscore or task.isdecimal())
 
 
 def check_job_id(job_id: str) -> str:
     job_id = job_id.strip()
-    if not JOB_ID.match(job_id):
+    if not is_job_id(job_id):
         raise UsageError(f"{job_id!r} is not a Slurm job id (like 1234, 1234_7 or 1234+1)")
     return job_id
 
@@ -41,8 +55,35 @@ def fresh_delimiter() -> str:
     return f"\x1f{os.urandom(8).hex()}\x1f"
 
 
+def _inherited() -> list[int]:
+    """The files beyond 0-2 that exec would pass on: those this process was started with
+    (its shell's, without close-on-exec). Linux's /proc says which are open."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    fds = []
+    for fd in map(int, names):
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                fds.append(fd)
+        except OSError:  # the listing's own, closed by now
+            pass
+    return fds
+
+
 class SacctRun:
-    """`sacct -j JOBID` with FIELDS, running from the moment this is made."""
+    """`sacct -j JOBID` with FIELDS, running from the moment this is made.
+
+    Started with os.posix_spawnp, not subprocess: importing subprocess (and its signal,
+    threading, selectors, locale) cost ~4 ms before sacct could start. What Popen does is
+    done here: stdin from /dev/null, stdout and stderr read until sacct closes them,
+    SIGPIPE and SIGXFSZ at their defaults in sacct (Python ignores them), no file open in
+    it but those three (Python's own are not inheritable; any gpueff was started with,
+    beyond 0-2, is closed), exec's PATH search. One difference: glibc's posix_spawn leaves
+    its own two internal signals (32, 33: thread cancellation, setxid) ignored in the
+    child, where Popen leaves them at their defaults; glibc installs its handlers for them
+    when a program first needs them, so sacct is none the worse."""
 
     TIMEOUT_S = 60
 
@@ -56,22 +97,56 @@ class SacctRun:
             sacct, "-j", self.job_id, "-P", "-n", f"--delimiter={self.delimiter}",
             "--format=" + ",".join(fields),
         ]
+        self.out, out_w = os.pipe()
+        self.err, err_w = os.pipe()
         try:
-            # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except FileNotFoundError as exc:
-            raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
+            self.pid = os.posix_spawnp(sacct, command, os.environ, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+                *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()),
+            ], setsigdef=(SIGPIPE, SIGXFSZ))
+        except BaseException as exc:
+            for fd in (self.out, self.err):
+                os.close(fd)
+            if isinstance(exc, FileNotFoundError):
+                raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
 
     def text(self) -> str:
-        left = max(0.1, self.TIMEOUT_S - (time.monotonic() - self.started))
+        import select
+
+        deadline = time.monotonic() + max(0.1, self.TIMEOUT_S - (time.monotonic() - self.started))
+        read: dict[int, list[bytes]] = {self.out: [], self.err: []}
+        poller = select.poll()
+        for fd in read:
+            poller.register(fd, select.POLLIN)
         try:
-            out, err = self.process.communicate(timeout=left)
-        except subprocess.TimeoutExpired as exc:
-            self.process.kill()
-            self.process.communicate()
-            raise SlurmError(f"sacct did not answer within {self.TIMEOUT_S} s (is slurmdbd up?)") from exc
-        if self.process.returncode != 0:
+            left = set(read)
+            while left:
+                wait = deadline - time.monotonic()
+                ready = poller.poll(wait * 1000) if wait > 0 else []
+                if not ready:
+                    os.kill(self.pid, SIGKILL)
+                    os.waitpid(self.pid, 0)
+                    raise SlurmError(f"sacct did not answer within {self.TIMEOUT_S} s (is slurmdbd up?)")
+                for fd, _ in ready:
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        read[fd].append(chunk)
+                    else:
+                        poller.unregister(fd)
+                        left.discard(fd)
+        finally:
+            for fd in read:
+                os.close(fd)
+        status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        if status != 0:
+            err = b"".join(read[self.err])
             first = (err.decode("utf-8", "replace").strip().splitlines() or ["no message"])[0]
             raise SlurmError(f"sacct failed: {first}")
-        return out.decode("utf-8", "replace")
+        # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
+        return b"".join(read[self.out]).decode("utf-8", "replace")
