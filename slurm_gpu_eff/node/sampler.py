@@ -106,7 +106,9 @@ class Sampler:
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)
         self._record_xids(now)
-        if not self.binding.settled():  # did the job use any GPU at all? (verify.py)
+        # Did the job use any GPU at all? (verify.py) The node's GPUs are listed only while
+        # a look can still tell: not once settled, nor after a partial look.
+        if self.binding.scanning():
             self.binding.node_scan(self.node_processes(), job_of_pid)
         self._verify()
         self.sampled_from = self.sampled_from or now

@@ -270,6 +270,34 @@ def test_a_sampler_whose_job_never_opens_a_gpu_says_so(
     assert binding is not None and binding["status"] == UNVERIFIED and binding["gpu_use"] == "none"
 
 
+
+def test_the_node_is_listed_no_more_once_a_look_can_tell_nothing(sim_node: Any) -> None:
+    """A partial look ends the looks for good, as settling the binding does: the sampler
+    then lists no GPU of the node at each poll (a poll's CPU, make bench)."""
+    from slurm_gpu_eff.node import sampler as sampler_module
+    from slurm_gpu_eff.node.jobenv import JobContext
+
+    session = sim_node.session()
+    gpus = session.bind([0])
+    looks: list[int] = []
+
+    def partial() -> None:
+        looks.append(1)
+
+    sampler = sampler_module.Sampler(JobContext(job_id="4242", node="gpu1"), sim_node.config, gpus,
+                                     clock=sim_node.clock, node_processes=partial,
+                                     cgroup_root=str(sim_node.state_dir / "no-cgroups"))
+    assert sampler.binding.scanning()
+    for _ in range(3):
+        sim_node.now += 1
+        sampler.sample_once()
+    assert looks == [1] and not sampler.binding.scanning()
+    binding = sampler.snapshot("running").binding
+    assert binding is not None and binding["gpu_use"] == "unknown"
+    settled = BindingCheck("42", "gpu1", [0])
+    settled.node_scan([(0, [5])], jobs({5: "42"}))
+    assert not settled.scanning()
+
 # --- the report -------------------------------------------------------------------------------
 
 def test_the_report_says_how_far_the_binding_was_checked(make_job: Any, make_summary: Any) -> None:
