@@ -191,6 +191,9 @@ class Gpu:
         # The driver's own timestamps, passed back as NVML asks: 0 takes what it has.
         self.process_since_us = 0
         self.process_seen_at = self.steady()  # when the driver last gave per-process samples
+        # The compute processes (pid, memory) the last read listed, until a look at the node's
+        # GPUs takes them (GpuSession.node_processes): that poll's list, not asked again
+        self.listed: list[tuple[int, int]] | None = None
         self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
         # The job's samples are the driver's after its newest at binding, told apart by the
         # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
@@ -515,7 +518,7 @@ class Gpu:
             if mem_samples:
                 mem_util = mem_samples[-1][0]
         power, temp, clock = got.get("power"), got.get("temp"), got.get("clock")
-        return Reading(
+        reading = Reading(
             now, util, mem_util, mem_used,
             None if power is None else power / 1000.0,  # power_w
             got.get("energy"),  # energy_mj
@@ -526,6 +529,8 @@ class Gpu:
             pids,
             self._process_sm() if per_process else None,  # process_sm
         )
+        self.listed = pids  # a whole read: this poll's list, for the look at the node
+        return reading
 
     def close(self) -> None:
         self._gpm_free(self.gpm or [])
@@ -677,11 +682,24 @@ class GpuSession:
             return None
         nvml = self.nvml
         found = []
-        for minor, handle in [(g.minor, g.handle) for g in self.gpus] + [(m, h) for m, _, h in self.others]:
+        # A bound GPU's compute processes are those its read of this poll listed (Gpu.listed,
+        # taken here, so never a later poll's), else asked for
+        taken = [(gpu, gpu.listed) for gpu in self.gpus]
+        for gpu in self.gpus:
+            gpu.listed = None
+        for gpu, listed in taken:
+            try:
+                pids = ([int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(gpu.handle)]
+                        if listed is None else [pid for pid, _ in listed])
+                pids += [int(p.pid) for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(gpu.handle)]
+            except Exception:  # NVMLError or a library mismatch: the look is partial
+                return None
+            found.append((gpu.minor, pids))
+        for minor, _, handle in self.others:
             try:
                 processes = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
                 processes += nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
-            except Exception:  # NVMLError or a library mismatch: the look is partial
+            except Exception:
                 return None
             found.append((minor, [int(p.pid) for p in processes]))
         return found
