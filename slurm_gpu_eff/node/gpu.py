@@ -149,6 +149,15 @@ class Gpu:
     step) and the time between two of them measured on `steady` (the monotonic clock in
     the driver clock's seconds; by default `clock`)."""
 
+    # Slots: read each poll straight from the object (see GpuStats)
+    __slots__ = (
+        "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
+        "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
+        "last_sample_us", "listed", "memory_total_bytes", "minor", "mismatches", "name", "nvml",
+        "parent", "parent_uuid", "plan", "power_limit_w", "process_seen_at", "process_since_us",
+        "steady", "unsupported", "uuid",
+    )
+
     def __init__(
         self, nvml: ModuleType, handle: Any, index: int, minor: int, uuid: str,
         clock: Callable[[], float] = time.time, parent: Any = None, gi_id: int | None = None,

@@ -20,6 +20,17 @@ THROTTLE_ANY = sum(THROTTLE_REASONS.values())
 class GpuStats:
     """Accumulators for one GPU: constant memory whatever the job's length."""
 
+    # Slots: its ~30 fields read and written each poll straight from the object (a dict
+    # this wide is not shared between instances in CPython 3.11: each poll's lookups would
+    # go through its own), and no field can be added on the way.
+    __slots__ = (
+        "ecc_first", "ecc_last", "elapsed", "energy_counted", "energy_counter_j", "energy_last_mj",
+        "errors", "first_at", "gpu", "histogram", "idle_from", "idle_from_s", "idle_longest",
+        "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "power_energy_j",
+        "processes_max", "samples", "seconds", "shared_s", "shared_with", "sluid", "stats",
+        "throttle_observed_s", "throttle_s", "timeline", "util_source", "xid_events",
+    )
+
     def __init__(self, gpu: Gpu, job_id: str = "", sluid: str = "") -> None:
         self.gpu = gpu
         self.job_id = job_id
