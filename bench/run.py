@@ -6,8 +6,9 @@ run on the same machine, so the numbers travel between machines:
 - epilog wall time (median of 20, SQLite up, one job at a time as on a node: the job
   before delivered first) / the same bare start: the sampler posts its own final
   summary when the shell epilog tells it (issue 21), so the epilog starts no interpreter;
-- sampler CPU per GPU-sample with 4 simulated GPUs (median of 3 turns), start-up excluded (the child's
-  rusage minus that of a sampler stopped after its first reading), / the bare cost of
+- sampler CPU per GPU-sample with 4 simulated GPUs (median of --rounds turns, each bare
+  run set against the mean of the sampler runs either side of it), start-up excluded
+  (read off the running sampler from half a second into its polling), / the bare cost of
   the NVML calls it makes (the same pynvml over the same stand-in libnvidia-ml.so.1,
   in-process). At 1 s a 20 s run costs less CPU than rusage resolves, so the loop runs
   at --interval (default 20 ms): the cost of a reading does not depend on the interval,
@@ -544,10 +545,13 @@ def sampler_rows(root: Path, interval: float, seconds: float,
     bytes stored per job-GPU."""
     env = setup(root / "sampler", interval)
     run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
-    # Sampler and baseline in turns, medians of `rounds`: on a 2-core machine with the
-    # dev cluster's daemons beside it, one run of each varies by a fifth.
-    per_samples, baselines, ratios = [], [], []
-    for turn in range(rounds):
+    # Sampler and baseline in turns, each baseline between two sampler runs and set against
+    # their mean (a load that rises or falls over the turns weighs on both sides alike);
+    # medians of `rounds`: on a 2-core machine with the dev cluster's daemons or a test
+    # suite beside it, one run of each varies by a fifth.
+    per_samples: list[float] = []
+    baselines: list[float] = []
+    for turn in range(rounds + 1):
         cpu, samples, rss_kib, summary = run_sampler(root / "sampler", env, f"12{turn}", seconds)
         # The polls in those seconds, from the sampler's fixed cadence, once the whole run
         # shows it kept to it (a sampler that fell behind would look cheaper than it is).
@@ -557,8 +561,10 @@ def sampler_rows(root: Path, interval: float, seconds: float,
             raise RuntimeError(f"the sampler fell behind its {interval} s interval: "
                                f"{polls:.0f} polls where {expected:.0f} were due")
         per_samples.append(cpu / (seconds / interval * GPUS))
-        baselines.append(bare_reads_in_child(env, int(seconds / interval) * GPUS, interval))
-        ratios.append(per_samples[-1] / baselines[-1])
+        if turn < rounds:
+            baselines.append(bare_reads_in_child(env, int(seconds / interval) * GPUS, interval))
+    ratios = [(before + after) / 2 / bare
+              for before, after, bare in zip(per_samples, per_samples[1:], baselines, strict=False)]
     per_sample, baseline, ratio = (statistics.median(v) for v in (per_samples, baselines, ratios))
     db_bytes, json_bytes = stored_bytes_per_gpu(root, summary)
     return [
@@ -639,7 +645,7 @@ def main() -> int:
     # under 10 s: a sampler posts its first live copy then (a process of its own, once)
     parser.add_argument("--seconds", type=float, default=6, help="sampler run length")
     parser.add_argument("--interval", type=float, default=0.02, help="sampler interval (s)")
-    parser.add_argument("--rounds", type=int, default=5, help="sampler/baseline turns (median)")
+    parser.add_argument("--rounds", type=int, default=7, help="sampler/baseline turns (median)")
     parser.add_argument("--epilogs", type=int, default=20,
                         help="epilogs per node (25 nodes) for the throughput figures")
     parser.add_argument("--only", choices=("usage", "hooks", "sampler", "slurm"),

@@ -80,7 +80,8 @@ POLL_READS: dict[str, tuple[tuple[Any, ...], ...]] = {
     "ecc": (("nvmlDeviceGetTotalEccErrors", (1, 0)),),  # uncorrected, volatile
 }
 MIG_READS = ("memory", "processes")  # NVML has no utilisation, power or clocks for a MIG instance
-# One planned read: (figure, which of its calls, the function's name, its arguments)
+# One planned read: (figure, which of its calls, the function's name, its arguments with
+# the GPU's handle first: the call's whole tuple, made once)
 PlannedRead = tuple[str, int, str, tuple[Any, ...]]
 
 
@@ -148,6 +149,15 @@ class Gpu:
     step) and the time between two of them measured on `steady` (the monotonic clock in
     the driver clock's seconds; by default `clock`)."""
 
+    # Slots: read each poll straight from the object (see GpuStats)
+    __slots__ = (
+        "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
+        "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
+        "last_sample_us", "listed", "memory_total_bytes", "minor", "mismatches", "name", "nvml",
+        "parent", "parent_uuid", "plan", "power_limit_w", "process_seen_at", "process_since_us",
+        "steady", "unsupported", "uuid",
+    )
+
     def __init__(
         self, nvml: ModuleType, handle: Any, index: int, minor: int, uuid: str,
         clock: Callable[[], float] = time.time, parent: Any = None, gi_id: int | None = None,
@@ -190,6 +200,9 @@ class Gpu:
         # The driver's own timestamps, passed back as NVML asks: 0 takes what it has.
         self.process_since_us = 0
         self.process_seen_at = self.steady()  # when the driver last gave per-process samples
+        # The compute processes (pid, memory) the last read listed, until a look at the node's
+        # GPUs takes them (GpuSession.node_processes): that poll's list, not asked again
+        self.listed: list[tuple[int, int]] | None = None
         self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
         # The job's samples are the driver's after its newest at binding, told apart by the
         # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
@@ -201,6 +214,9 @@ class Gpu:
         self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
         self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
+        # Each result slot of the request with its name, taken once: views of its buffer
+        self.gpm_slots: list[tuple[str, Any]] = (
+            [] if self.gpm_request is None else list(zip(GPM_NAMES, self.gpm_request.metrics, strict=False)))
 
     def _call(
         self, function: str, *args: Any, handle: Any = None, key: str = "", passing: bool = True,
@@ -256,21 +272,22 @@ class Gpu:
                 self.unsupported.add(key)
                 continue
             constants = tuple(getattr(self.nvml, a) if isinstance(a, str) else a for a in args)
-            return figure, choice, function, constants
+            return figure, choice, function, (self.handle, *constants)
         return None
 
     def _poll_reads(self, plan: list[PlannedRead]) -> dict[str, Any]:
         """A poll's planned reads: figure -> NVML's answer, absent where it gave none. The
         calls in one loop, not a function each: this runs ~10 times a GPU a poll."""
         values = {}
-        nvml, handle = self.nvml, self.handle
+        nvml = self.nvml
         for planned in plan:
-            try:
-                values[planned[0]] = getattr(nvml, planned[2])(handle, *planned[3])
+            figure, _, function, args = planned
+            try:  # the function looked up each time: a test may put another in its place
+                values[figure] = getattr(nvml, function)(*args)
             except Exception as exc:  # not only NVMLError: the binding raises plain ones too
                 value = self._read_failed(planned, exc)
                 if value is not None:
-                    values[planned[0]] = value
+                    values[figure] = value
         return values
 
     def _read_failed(self, planned: PlannedRead, exc: Exception) -> Any:
@@ -352,9 +369,10 @@ class Gpu:
         self.gpm_taken_at = now
         self.gpm = [second, first]  # the newest sample starts the next interval
         means = {}
-        for name, slot in zip(GPM_NAMES, request.metrics, strict=False):
+        isfinite = math.isfinite
+        for name, slot in self.gpm_slots:
             value = _field(slot, "value")
-            if _field(slot, "nvmlReturn") == NVML_SUCCESS and math.isfinite(value):
+            if _field(slot, "nvmlReturn") == NVML_SUCCESS and isfinite(value):
                 means[name] = value
         return means, covers
 
@@ -366,8 +384,10 @@ class Gpu:
         nvml = self.nvml
         try:
             _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
-        except nvml.NVMLError_NotFound:
-            return self._none_newer(kind, last)
+        except nvml.NVMLError_NotFound:  # none newer: most polls, _none_newer written out
+            if last and self.clock() * 1e6 < last - CLOCK_BACK_US:  # _before(last)
+                self._stepped_back(kind, last)
+            return []
         except nvml.NVMLError_GpuIsLost as exc:
             raise self._lost() from exc
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
@@ -422,10 +442,14 @@ class Gpu:
         one at the next poll (this poll's rate stands in), rather than none until the
         clock is back where it was."""
         if last and self._before(last):
-            newest = self._newest_sample_us(kind)
-            if newest is not None and newest < last:
-                self.last_sample_us[kind] = newest
+            self._stepped_back(kind, last)
         return []
+
+    def _stepped_back(self, kind: int, last: int) -> None:
+        """The clock reads before `last`: from the driver's newest sample on, if older."""
+        newest = self._newest_sample_us(kind)
+        if newest is not None and newest < last:
+            self.last_sample_us[kind] = newest
 
     def _before(self, stamp_us: int) -> bool:
         """The clock reads more than a second before the driver's timestamp `stamp_us`:
@@ -476,6 +500,8 @@ class Gpu:
 
     def read(self, per_process: bool = False) -> Reading:
         """One poll; `per_process` also reads each process's SM utilisation (a shared GPU)."""
+        # Once a GPU a poll: the Reading is built from positional arguments (its fields'
+        # order), cheaper than by keyword.
         now = self.clock()
         got = self._poll_reads(self.plan)
         memory, processes = got.get("memory"), got.get("processes")
@@ -489,26 +515,31 @@ class Gpu:
         mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
         # No new samples at all (some drivers stop filling the buffer while the GPU idles):
         # the rate stands for this poll, rather than a silent gap.
-        rates = self._call("nvmlDeviceGetUtilizationRates") if not util_samples else None
+        util: float | None
+        mem_util: float | None
+        if util_samples:
+            util, mem_util = util_samples[-1][0], mem_samples[-1][0] if mem_samples else None
+        else:
+            rates = self._call("nvmlDeviceGetUtilizationRates")
+            util = mem_util = None
+            if rates is not None:
+                util, mem_util = float(_field(rates, "gpu")), float(_field(rates, "memory"))
+            if mem_samples:
+                mem_util = mem_samples[-1][0]
         power, temp, clock = got.get("power"), got.get("temp"), got.get("clock")
-        return Reading(
-            time=now,
-            util=_latest(util_samples, rates, "gpu"),
-            mem_util=_latest(mem_samples, rates, "memory"),
-            mem_used_bytes=mem_used,
-            power_w=None if power is None else power / 1000.0,
-            energy_mj=got.get("energy"),
-            util_samples=util_samples,
-            mem_util_samples=mem_samples,
-            gpm=gpm,
-            gpm_s=gpm_s,
-            temp_c=None if temp is None else float(temp),
-            sm_clock_mhz=None if clock is None else float(clock),
-            throttle_mask=got.get("throttle"),
-            ecc_uncorrected=got.get("ecc"),
-            pids=pids,
-            process_sm=self._process_sm() if per_process else None,
+        reading = Reading(
+            now, util, mem_util, mem_used,
+            None if power is None else power / 1000.0,  # power_w
+            got.get("energy"),  # energy_mj
+            util_samples, mem_samples, gpm, gpm_s,
+            None if temp is None else float(temp),  # temp_c
+            None if clock is None else float(clock),  # sm_clock_mhz
+            got.get("throttle"), got.get("ecc"),  # throttle_mask, ecc_uncorrected
+            pids,
+            self._process_sm() if per_process else None,  # process_sm
         )
+        self.listed = pids  # a whole read: this poll's list, for the look at the node
+        return reading
 
     def close(self) -> None:
         self._gpm_free(self.gpm or [])
@@ -522,14 +553,6 @@ def _period(gaps: list[int], first_gap: int) -> float:
         return float(first_gap)
     gaps = sorted(gaps)
     return float(gaps[len(gaps) // 2])
-
-
-def _latest(samples: list[tuple[float, float]] | None, rates: Any, field: str) -> float | None:
-    if samples:
-        return samples[-1][0]
-    if rates is not None:
-        return float(_field(rates, field))
-    return None
 
 
 def steady_clock(time_scale: float) -> Callable[[], float]:
@@ -668,11 +691,24 @@ class GpuSession:
             return None
         nvml = self.nvml
         found = []
-        for minor, handle in [(g.minor, g.handle) for g in self.gpus] + [(m, h) for m, _, h in self.others]:
+        # A bound GPU's compute processes are those its read of this poll listed (Gpu.listed,
+        # taken here, so never a later poll's), else asked for
+        taken = [(gpu, gpu.listed) for gpu in self.gpus]
+        for gpu in self.gpus:
+            gpu.listed = None
+        for gpu, listed in taken:
+            try:
+                pids = ([int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(gpu.handle)]
+                        if listed is None else [pid for pid, _ in listed])
+                pids += [int(p.pid) for p in nvml.nvmlDeviceGetGraphicsRunningProcesses(gpu.handle)]
+            except Exception:  # NVMLError or a library mismatch: the look is partial
+                return None
+            found.append((gpu.minor, pids))
+        for minor, _, handle in self.others:
             try:
                 processes = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
                 processes += nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
-            except Exception:  # NVMLError or a library mismatch: the look is partial
+            except Exception:
                 return None
             found.append((minor, [int(p.pid) for p in processes]))
         return found

@@ -20,6 +20,17 @@ THROTTLE_ANY = sum(THROTTLE_REASONS.values())
 class GpuStats:
     """Accumulators for one GPU: constant memory whatever the job's length."""
 
+    # Slots: its ~30 fields read and written each poll straight from the object (a dict
+    # this wide is not shared between instances in CPython 3.11: each poll's lookups would
+    # go through its own), and no field can be added on the way.
+    __slots__ = (
+        "ecc_first", "ecc_last", "elapsed", "energy_counted", "energy_counter_j", "energy_last_mj",
+        "errors", "first_at", "gpu", "histogram", "idle_from", "idle_from_s", "idle_longest",
+        "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "power_energy_j",
+        "processes_max", "samples", "seconds", "shared_s", "shared_with", "sluid", "stats",
+        "throttle_observed_s", "throttle_s", "timeline", "util_source", "xid_events",
+    )
+
     def __init__(self, gpu: Gpu, job_id: str = "", sluid: str = "") -> None:
         self.gpu = gpu
         self.job_id = job_id
@@ -67,32 +78,70 @@ class GpuStats:
         the driver clock's seconds); `gap`: no reading covered that time (the sampler was
         stopped). A poll that read nothing (NVML failing) is no time sampled, and ends an
         idle stretch."""
-        # Once a GPU a poll: what it costs is the sampler's own overhead (make bench).
-        if reading.util is None and reading.empty:  # util first: one test in the usual case
+        # Once a GPU a poll: what it costs is the sampler's own overhead (make bench). The
+        # usual poll's branches are written out here rather than in a method each (a frame
+        # each, with cold caches after the wait between polls); the rarer ones are methods.
+        util = reading.util
+        if util is None and reading.empty:  # util first: one test in the usual case
             self._add_idle(reading.time, seconds, None, gap)
             return
         self.samples += 1
         self.seconds += seconds
-        util = self._series("util", reading.util_samples, reading.util, seconds, self.histogram)
-        self._series("mem_util", reading.mem_util_samples, reading.mem_util, seconds, None)
         stats = self.stats
+        samples = reading.util_samples
+        if samples:  # lossless driver samples where there are any, else the poll's rate
+            util = self._series("util", samples, self.histogram)
+        elif util is not None:
+            if samples is None and self.util_source is None:  # not supported
+                self.util_source = "rates"
+            stats["util"].add(util, seconds)
+            self.histogram.add(util, seconds)
+        samples = reading.mem_util_samples
+        if samples:
+            self._series("mem_util", samples, None)
+        elif reading.mem_util is not None:
+            stats["mem_util"].add(reading.mem_util, seconds)
         gpm = reading.gpm
         if gpm:  # GPM's means cover the time since its last sample, not this poll's
+            gpm_s = reading.gpm_s
             for name, figure in gpm.items():
-                stats[name].add(figure, reading.gpm_s)
+                stats[name].add(figure, gpm_s)
         mem, power = reading.mem_used_bytes, reading.power_w
         if mem is not None:
             stats["mem_used_bytes"].add(mem, seconds)
         if power is not None:
             stats["power_w"].add(power, seconds)
             self.power_energy_j += power * seconds
-        if reading.temp_c is not None:
-            stats["temp_c"].add(reading.temp_c, seconds)
-        if reading.sm_clock_mhz is not None:
-            stats["sm_clock_mhz"].add(reading.sm_clock_mhz, seconds)
-        self._add_energy(reading.energy_mj)
-        self._add_state(reading, seconds)
-        self._add_sharing(reading, seconds)
+        value = reading.temp_c
+        if value is not None:
+            stats["temp_c"].add(value, seconds)
+        value = reading.sm_clock_mhz
+        if value is not None:
+            stats["sm_clock_mhz"].add(value, seconds)
+        counter = reading.energy_mj
+        if counter is not None:
+            last = self.energy_last_mj
+            if last is not None:
+                delta = counter - last
+                # A counter that went backwards was reset (driver reload): count from zero.
+                self.energy_counter_j += (delta if delta >= 0 else counter) / 1000.0
+                self.energy_counted = True
+            self.energy_last_mj = counter
+        mask = reading.throttle_mask
+        if mask is not None:
+            self.throttle_observed_s = (self.throttle_observed_s or 0.0) + seconds
+            if mask & THROTTLE_ANY:
+                self._add_throttle(mask, seconds)
+        ecc = reading.ecc_uncorrected
+        if ecc is not None:
+            if self.ecc_first is None:
+                self.ecc_first = ecc
+            self.ecc_last = ecc
+        pids = reading.pids
+        if pids is not None:
+            if self.processes_max is None or len(pids) > self.processes_max:
+                self.processes_max = len(pids)
+            self._add_sharing(pids, reading.process_sm, seconds)
         place = self._add_idle(reading.time, seconds, util, gap)
         self.timeline.add(place, seconds, util, gpm.get("sm_active") if gpm else None, power,
                           None if mem is None else mem / 1024**3)
@@ -129,20 +178,10 @@ class GpuStats:
         return self.idle_from, self.idle_s
 
     def _series(
-        self, name: str, samples: list[tuple[float, float]] | None, rate: float | None,
-        seconds: float, histogram: Histogram | None,
-    ) -> float | None:
-        """Lossless driver samples where there are any, else the poll's rate; returns the
-        poll's mean for the timeline."""
-        if not samples:  # not supported, or no new window since the last poll
-            if rate is None:
-                return None
-            if self.util_source is None and name == "util" and samples is None:
-                self.util_source = "rates"
-            self.stats[name].add(rate, seconds)
-            if histogram is not None:
-                histogram.add(rate, seconds)
-            return rate
+        self, name: str, samples: list[tuple[float, float]], histogram: Histogram | None,
+    ) -> float:
+        """Lossless driver samples (the poll's rate stands in where there are none: add());
+        returns the poll's mean for the timeline."""
         if name == "util":
             self.util_source = "samples"
         stat = self.stat(name)
@@ -153,32 +192,10 @@ class GpuStats:
         total = sum(w for _, w in samples)
         return sum(v * w for v, w in samples) / total if total else samples[-1][0]
 
-    def _add_energy(self, counter_mj: int | None) -> None:
-        if counter_mj is None:
-            return
-        if self.energy_last_mj is not None:
-            delta = counter_mj - self.energy_last_mj
-            # A counter that went backwards was reset (driver reload): count from zero.
-            self.energy_counter_j += (delta if delta >= 0 else counter_mj) / 1000.0
-            self.energy_counted = True
-        self.energy_last_mj = counter_mj
-
-    def _add_state(self, reading: Reading, seconds: float) -> None:
-        mask = reading.throttle_mask
-        if mask is not None:
-            self.throttle_observed_s = (self.throttle_observed_s or 0.0) + seconds
-            if mask & THROTTLE_ANY:
-                for reason, bit in THROTTLE_REASONS.items():
-                    if mask & bit:
-                        self.throttle_s[reason] += seconds
-        ecc = reading.ecc_uncorrected
-        if ecc is not None:
-            if self.ecc_first is None:
-                self.ecc_first = ecc
-            self.ecc_last = ecc
-        pids = reading.pids
-        if pids is not None and (self.processes_max is None or len(pids) > self.processes_max):
-            self.processes_max = len(pids)
+    def _add_throttle(self, mask: int, seconds: float) -> None:
+        for reason, bit in THROTTLE_REASONS.items():
+            if mask & bit:
+                self.throttle_s[reason] += seconds
 
     MAX_XIDS = 100  # an XID storm over a week must not grow the sampler's memory
 
@@ -201,15 +218,16 @@ class GpuStats:
     def shared(self) -> bool:
         return bool(self.shared_s)
 
-    def _add_sharing(self, reading: Reading, seconds: float) -> None:
+    def _add_sharing(
+        self, pids: list[tuple[int, int]], process_sm: dict[int, float] | None, seconds: float,
+    ) -> None:
         """Which jobs' processes are on the GPU: ours, another job's, or outside any job's
         (pids that cannot be traced count for neither)."""
-        if reading.pids is None:
-            return
         own_mem, others, listed = 0, None, False
-        for pid, used in reading.pids:
-            job = self.job_of(pid)
-            if same_job(job, self.job_id, self.sluid):
+        jobs, job_id, sluid = self.jobs_of_pids, self.job_id, self.sluid
+        for pid, used in pids:
+            job = jobs[pid] if pid in jobs else self.job_of(pid)
+            if job and (job == job_id or job == sluid):  # same_job(), written out: every poll
                 own_mem += used
                 listed = True
             elif job is not None:
@@ -228,8 +246,8 @@ class GpuStats:
         # they stopped is unknown: that stretch is left out, not counted as idle.
         left = self.own_listed and not listed
         self.own_listed = listed
-        if reading.process_sm is not None and not left:
-            own = sum(sm for pid, sm in reading.process_sm.items()
+        if process_sm is not None and not left:
+            own = sum(sm for pid, sm in process_sm.items()
                       if same_job(self.job_of(pid), self.job_id, self.sluid))
             self.stats["own_util"].add(own, seconds)
 

@@ -72,6 +72,7 @@ class Sampler:
                                     cgroup_root, sluid=job.sluid)
         self._next_verify = 0.0  # monotonic time of the next look beyond the bound GPUs
         self.wait_s = config.interval_s / time_scale
+        self.gap_s = max(GAP_POLLS * config.interval_s, GAP_MIN_S)  # a poll this late follows a gap
         self.time_scale = time_scale
         self.started_at = clock()
         self.run_started_at = run_started  # when this run's prolog ran: the run's identity
@@ -90,7 +91,7 @@ class Sampler:
         # A reading stands for the time since the one before (NVML's figures look back),
         # the first for the time since binding: the mean covers [binding, last reading].
         seconds = self._since_last()
-        gap = seconds > max(GAP_POLLS * self.config.interval_s, GAP_MIN_S)
+        gap = seconds > self.gap_s
         # Every GPU read first, then every reading added: the GPUs are read at one instant,
         # and each half runs with its code still warm from the GPU before (less CPU a poll).
         readings = []
@@ -98,7 +99,7 @@ class Sampler:
             if stats.lost_at is not None:
                 continue
             try:
-                readings.append((stats, stats.gpu.read(per_process=stats.shared)))
+                readings.append((stats, stats.gpu.read(bool(stats.shared_s))))  # stats.shared
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
@@ -108,7 +109,9 @@ class Sampler:
                 owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)
         self._record_xids(now)
-        if not self.binding.settled():  # did the job use any GPU at all? (verify.py)
+        # Did the job use any GPU at all? (verify.py) The node's GPUs are listed only while
+        # a look can still tell: not once settled, nor after a partial look.
+        if self.binding.scanning():
             self.binding.node_scan(self.node_processes(), job_of_pid)
         self._verify()
         self.sampled_from = self.sampled_from or now

@@ -31,11 +31,12 @@ class Stat:
         # Runs several times a GPU a poll: each line here is paid ~100,000 times a job-hour.
         if value is None or not _isfinite(value):  # not measured is not zero; NaN is not a figure
             return
-        self.samples += 1
+        samples = self.samples
+        self.samples = samples + 1
         self.seconds += seconds
         self.weighted_sum += value * seconds
         self.last = value
-        if self.samples == 1:
+        if not samples:
             self.min = self.max = value
         elif value < self.min:  # type: ignore[operator]
             self.min = value

@@ -76,11 +76,16 @@ class BindingCheck:
         """Evidence either way: the node's GPUs need no look every poll any more."""
         return bool(self.agree or self.disagree)
 
+    def scanning(self) -> bool:
+        """Whether a look at every GPU of the node can still tell anything: not once the
+        binding is settled, nor once a look was partial (the caller then lists nothing)."""
+        return not (self.scan_gap or self.agree or self.disagree)
+
     def node_scan(
         self, listing: list[tuple[int, list[int]]] | None, job_of: Callable[[int], str | None],
     ) -> None:
         """One look at every GPU of the node (None: not every GPU could be listed)."""
-        if self.scan_gap or self.settled():
+        if not self.scanning():
             return
         if listing is None:
             self.scan_gap = "not every GPU of the node could be listed"

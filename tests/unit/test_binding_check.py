@@ -270,6 +270,76 @@ def test_a_sampler_whose_job_never_opens_a_gpu_says_so(
     assert binding is not None and binding["status"] == UNVERIFIED and binding["gpu_use"] == "none"
 
 
+
+def test_the_node_is_listed_no_more_once_a_look_can_tell_nothing(sim_node: Any) -> None:
+    """A partial look ends the looks for good, as settling the binding does: the sampler
+    then lists no GPU of the node at each poll (a poll's CPU, make bench)."""
+    from slurm_gpu_eff.node import sampler as sampler_module
+    from slurm_gpu_eff.node.jobenv import JobContext
+
+    session = sim_node.session()
+    gpus = session.bind([0])
+    looks: list[int] = []
+
+    def partial() -> None:
+        looks.append(1)
+
+    sampler = sampler_module.Sampler(JobContext(job_id="4242", node="gpu1"), sim_node.config, gpus,
+                                     clock=sim_node.clock, node_processes=partial,
+                                     cgroup_root=str(sim_node.state_dir / "no-cgroups"))
+    assert sampler.binding.scanning()
+    for _ in range(3):
+        sim_node.now += 1
+        sampler.sample_once()
+    assert looks == [1] and not sampler.binding.scanning()
+    binding = sampler.snapshot("running").binding
+    assert binding is not None and binding["gpu_use"] == "unknown"
+    settled = BindingCheck("42", "gpu1", [0])
+    settled.node_scan([(0, [5])], jobs({5: "42"}))
+    assert not settled.scanning()
+
+
+def test_a_look_at_the_node_takes_the_bound_gpus_compute_processes_from_their_read(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the binding is unsettled each poll looks at every GPU of the node; a bound
+    GPU's compute processes are the ones its read of the same poll listed, not asked for
+    twice (an NVML call a GPU a poll). Outside a poll, or once taken, they are asked for."""
+    import pynvml
+
+    from slurm_gpu_eff.node import sampler as sampler_module
+    from slurm_gpu_eff.node.jobenv import JobContext
+
+    sim_node.write_state(0, {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80}}}]},
+                         started_at=sim_node.now - 10, pid=os.getpid())
+    monkeypatch.setattr(sampler_module, "job_of_pid", lambda pid: "77")
+    asked: list[Any] = []
+    real = pynvml.nvmlDeviceGetComputeRunningProcesses
+
+    def counted(handle: Any) -> Any:
+        asked.append(handle)
+        return real(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", counted)
+    session = sim_node.session()
+    gpus = session.bind([0])
+    sampler = sampler_module.Sampler(JobContext(job_id="4242", node="gpu1"), sim_node.config, gpus,
+                                     clock=sim_node.clock, other_processes=session.other_processes,
+                                     node_processes=session.node_processes,
+                                     cgroup_root=str(sim_node.state_dir / "no-cgroups"))
+    asked.clear()
+    for _ in range(3):
+        sim_node.now += 1
+        sampler.sample_once()
+    bound = gpus[0].handle
+    # once a poll on the bound GPU (its read); the others once a poll (the look) and once
+    # more for the first poll's look at the job's processes elsewhere (Sampler._verify)
+    assert sum(h is bound for h in asked) == 3 and len(asked) == 3 + 3 * 3 + 3
+    binding = sampler.snapshot("running").binding
+    assert binding is not None and binding["gpu_use"] == "none" and sampler.binding.scans == 3
+    listed = session.node_processes()  # taken by the last look: asked for again
+    assert listed is not None and dict(listed)[0] and sum(h is bound for h in asked) == 4
+
 # --- the report -------------------------------------------------------------------------------
 
 def test_the_report_says_how_far_the_binding_was_checked(make_job: Any, make_summary: Any) -> None:

@@ -93,6 +93,18 @@ def test_memory_is_constant_whatever_the_number_of_readings() -> None:
     assert (stat.min, stat.max, stat.last) == (0.0, 99.0, 99.0)
 
 
+def test_a_gpus_accumulators_and_its_reader_have_fixed_fields() -> None:
+    """GpuStats and Gpu keep their fields in slots (a poll reads them without a dict's
+    lookups): nothing can be added to them on the way, so nothing can grow there."""
+    from slurm_gpu_eff.node.gpu import Gpu
+    from slurm_gpu_eff.node.sampler import GpuStats
+
+    assert GpuStats.__dictoffset__ == 0 and Gpu.__dictoffset__ == 0  # no instance dict
+    track = GpuStats(gpu=None)  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        track.readings = []  # type: ignore[attr-defined]
+
+
 def test_the_longest_idle_stretch_of_a_gpu() -> None:
     """Polls under 5% in a row make a stretch, a busy poll ends it, and so does an
     unmeasured one (no reading is no evidence of idleness: issue 20); the longest is kept
