@@ -14,7 +14,8 @@ figures `gpueff JOBID` builds its report from, compressed and base32-encoded (Sl
 
 util is the job's utilisation weighted by each GPU's sampled time; gpu_util each GPU's
 (node order, then minor); idle the GPUs under IDLE_UTIL; mem_peak the highest peak memory
-in % of its device; alloc_gpus what Slurm allocated; '-' where not measured. The figures
+in % of its device; alloc_gpus and alloc_mem (bytes; only where known) what Slurm
+allocated; '-' where not measured. The figures
 are `digest()` of the node summaries: the report reads that same digest from the store, so
 users and admins see the same report.
 
@@ -68,10 +69,13 @@ def digest(summaries: list[NodeSummary]) -> list[NodeSummary]:
 
 
 def admin_comment(summaries: list[NodeSummary], alloc_gpus: int | None = None,
-                  max_chars: int = MAX_CHARS, earlier: list[NodeSummary] | None = None) -> str:
+                  max_chars: int = MAX_CHARS, earlier: list[NodeSummary] | None = None,
+                  alloc_mem: int | None = None) -> str:
     """The line for one run of a job, from its node summaries; `earlier`: those of the
-    job's earlier runs (a requeue), carried in the figures so the report can name them."""
-    words = _words(summaries, alloc_gpus)
+    job's earlier runs (a requeue), carried in the figures so the report can name them.
+    `alloc_gpus`, `alloc_mem` (bytes): Slurm's allocation (AllocTRES), which sacct gives
+    only at the cost of a second slurmdbd round trip, so the report reads it here."""
+    words = _words(summaries, alloc_gpus, alloc_mem)
     small = digest(summaries + (earlier or []))
     for keep_timeline in (True, False):
         if not keep_timeline:
@@ -168,7 +172,7 @@ def with_note(current: str, note: str) -> str:
 # Our form: the marker, then these words in this order (each at most once, status first),
 # lowercase (Slurm 22.05's sacctmgr lowercases the field; the figures are base32).
 KEYS = ("status", "nodes", "gpus", "util", "gpu_util", "idle", "mem_peak", "energy_kwh",
-        "alloc_gpus", "figures")
+        "alloc_gpus", "alloc_mem", "figures")
 _VALUES = {"status": re.compile(r"[a-z]+"), "figures": re.compile(r"[a-z2-7]+")}
 _NUMBERS = re.compile(r"[0-9.,-]+")
 
@@ -201,7 +205,7 @@ def _next_word(token: str, after: int) -> int:
     return KEYS.index(key) + 1 if _VALUES.get(key, _NUMBERS).fullmatch(value) else -1
 
 
-def _words(summaries: list[NodeSummary], alloc_gpus: int | None) -> str:
+def _words(summaries: list[NodeSummary], alloc_gpus: int | None, alloc_mem: int | None = None) -> str:
     gpus = [g for s in sorted(summaries, key=lambda s: s.node)
             for g in sorted(s.gpus, key=lambda g: (g.minor or 0, g.mig_gi_id or 0))]
     utils = [_own(g, "util", "own_util") for g in gpus]
@@ -220,6 +224,8 @@ def _words(summaries: list[NodeSummary], alloc_gpus: int | None) -> str:
         "energy_kwh": _num(sum(energy) / 3.6e6 if energy else None, 3),
         "alloc_gpus": "-" if alloc_gpus is None else str(alloc_gpus),
     }
+    if alloc_mem is not None:  # (lines written before it was added have none)
+        words["alloc_mem"] = str(alloc_mem)
     return " ".join([PREFIX, *(f"{k}={v}" for k, v in words.items())])
 
 

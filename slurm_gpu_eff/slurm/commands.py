@@ -25,11 +25,11 @@ from .records import (
     RunningJob,
     SlurmJob,
     allocated_gpus,
+    allocated_memory,
     members,
     mirrored_gpus,
     parse_duration,
     parse_size,
-    requested_memory,
     sacct_time,
 )
 from .run import run_slurm, said
@@ -195,7 +195,8 @@ def job_from_rows(job_id: str, rows: list[dict[str, str]]) -> SlurmJob:
         timelimit_s=None if not main["TimelimitRaw"].isdigit() else int(main["TimelimitRaw"]) * 60,
         start=main["Start"], end=main["End"], ncpus=ncpus, nnodes=nnodes,
         nodelist=main["NodeList"], total_cpu_s=parse_duration(main["TotalCPU"]),
-        alloc_mem_bytes=requested_memory(main["ReqMem"], nnodes, ncpus),
+        alloc_mem_bytes=allocated_memory(main["ReqMem"], main.get("AllocTRES", ""), main["AdminComment"],
+                                         nnodes, ncpus),
         max_rss_bytes=peak_memory(steps), gpus=gpus, admin_comment=main["AdminComment"],
         alloc_tres=main.get("AllocTRES", ""),
     )

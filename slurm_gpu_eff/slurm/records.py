@@ -105,6 +105,25 @@ def mirrored_gpus(admin_comment: str) -> int | None:
     return None
 
 
+def mirrored_memory(admin_comment: str) -> int | None:
+    """The memory Slurm allocated (bytes), as our AdminComment line says; None without."""
+    words = parse_admin_comment(admin_comment)
+    value = (words or {}).get("alloc_mem", "")
+    return int(value) if value.isdigit() else None
+
+
+def allocated_memory(req_mem: str, alloc_tres: str, admin_comment: str, nnodes: int,
+                     ncpus: int) -> int | None:
+    """The job's memory as Slurm allocated it: our line's copy of AllocTRES, else AllocTRES,
+    else ReqMem. ReqMem alone is the request: a job of `-n 4 --mem=1000M` that Slurm spread
+    over two nodes shows 1000M there and holds 2000M (seen on 22.05; seff counts 2000M)."""
+    mirrored = mirrored_memory(admin_comment)
+    if mirrored is not None:
+        return mirrored
+    held = parse_tres(alloc_tres).get("mem")
+    return held if held else requested_memory(req_mem, nnodes, ncpus)
+
+
 def allocated_gpus(alloc_tres: str) -> int:
     """The GPUs in an AllocTRES ('gres/gpu=2', or per type 'gres/gpu:h100=2')."""
     tres = parse_tres(alloc_tres)

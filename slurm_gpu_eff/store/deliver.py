@@ -368,7 +368,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
     failure is logged, and the store keeps the figures."""
     from ..mirror import MAX_CHARS, admin_comment, our_part, site_text, with_site_text
     from ..slurm.access import connect
-    from ..slurm.records import allocated_gpus
+    from ..slurm.records import allocated_gpus, parse_tres
 
     slurm = connect(config, use="mirror")
     comment_field = config.comment_field
@@ -382,7 +382,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         check_owner(job_id, now, summaries)
         room = MAX_CHARS - len(site_text(now.text)) - 1  # a site's own text counts too
         ours = admin_comment(summaries, allocated_gpus(now.tres) if now.tres else None, room,
-                             earlier=others)
+                             earlier=others, alloc_mem=parse_tres(now.tres).get("mem") if now.tres else None)
         return ours, with_site_text(now.text, ours), now.task
 
     def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> Written | None:

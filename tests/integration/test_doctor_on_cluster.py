@@ -21,7 +21,8 @@ def test_the_development_cluster_is_ready(cluster: Cluster, node: str) -> None:
     names = [c["name"] for c in result["checks"]]
     # this host is slurmctld's too: SlurmUser's mail spool, mail log and store access are checked
     assert names == ["config", "config-file", "venv", "Prolog", "Epilog", "MailProg", "PrologFlags", "nvml",
-                     "gres", "spool", "store", "mail-spool", "mail-log", "store-slurmuser", "accounting"]
+                     "gres", "spool", "store", "mail-spool", "mail-log", "store-slurmuser", "accounting",
+                     "slurm backend"]
     nvml = next(c for c in result["checks"] if c["name"] == "nvml")
     assert nvml["message"].startswith("driver ") and "GPM " in nvml["message"]
 

@@ -215,7 +215,7 @@ def written(tmp_path: Path) -> str:
 
 
 LINE = ("gpueff1 status=complete nodes=2 gpus=2 util=50.0 gpu_util=90.0,10.0 idle=0 "
-        "mem_peak=25.0 energy_kwh=0.500 alloc_gpus=2 figures=F")
+        "mem_peak=25.0 energy_kwh=0.500 alloc_gpus=2 alloc_mem=4194304000 figures=F")  # TRES's
 READ = "sacct -j 4242 -X -n -P --delimiter=D --format=AdminComment,AllocTRES,JobIDRaw,JobID"
 OWNED = f"{READ},User,Account"  # whose job has the id now: the mirror's read before it writes
 DATABASE = f"sacctmgr -i modify job where jobid=4242 cluster=gpueffdev set AdminComment={LINE}"

@@ -578,3 +578,20 @@ def test_a_cancel_writes_its_reason_into_the_field_that_holds_our_line(tmp_path:
     assert said[0].endswith("--format=SystemComment,AllocTRES,JobIDRaw,JobID")
     assert said[1] == ("sacctmgr -i modify job where jobid=500 cluster=c set "
                        "SystemComment=gpueff: cancelled gpueff1 status=running")
+
+
+def test_memory_is_what_slurm_allocated_not_what_was_asked(sacct_row: Callable[..., dict[str, str]]) -> None:
+    """`-n 4 --mem=1000M`, spread by Slurm over two nodes: sacct's ReqMem says 1000M (the
+    request, for its one node), AllocTRES mem=2000M, and seff counts 2000M (seen on 22.05:
+    63% where seff said 32%). Our line carries the allocation, else AllocTRES, else ReqMem."""
+    job = {"JobID": "21", "JobIDRaw": "21", "NNodes": "2", "NCPUS": "4", "ReqMem": "1000M",
+           "State": "COMPLETED"}
+    step = {"JobID": "21.0", "JobIDRaw": "21.0", "NTasks": "4", "MaxRSS": "161824K", "ReqMem": ""}
+    line = "gpueff1 status=complete nodes=2 gpus=2 alloc_gpus=2 alloc_mem=2097152000"
+    for comment, tres in ((line, ""), ("", "billing=4,cpu=4,gres/gpu=2,mem=2000M,node=2")):
+        rows = [sacct_row(**job, AdminComment=comment, AllocTRES=tres), sacct_row(**step)]
+        found = job_from_rows("21", rows)
+        assert found.alloc_mem_bytes == 2000 * MIB
+        assert found.mem_efficiency == pytest.approx(100 * 4 * 161824 * KIB / (2000 * MIB))  # seff: 31.61
+    asked_only = job_from_rows("21", [sacct_row(**job), sacct_row(**step)])
+    assert asked_only.alloc_mem_bytes == 1000 * MIB  # no allocation at hand: the request, as before
