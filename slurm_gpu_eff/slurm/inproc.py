@@ -220,7 +220,9 @@ class Pyslurm(Slurm):
         form, 1234_7 or 1234+1), through libslurm's slurm_kill_job2 as scancel does."""
         job_id = check_job_id(job_id)
         ps = _module()
-        _call(lambda: ps.slurm_kill_job2(job_id, 9, 0), "slurmctld", f"could not cancel job {job_id}")
+        # const char * in pyslurm (22.5.3, 24.11): bytes; SIGKILL, as scancel sends by default
+        _call(lambda: ps.slurm_kill_job2(job_id.encode(), 9, 0), "slurmctld",
+              f"could not cancel job {job_id}")
 
     # -- the records, as sacct's rows ---------------------------------------------------------
 

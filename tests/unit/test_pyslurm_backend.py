@@ -73,8 +73,10 @@ class FakePyslurm:
             return self.ctld_records
         return SimpleNamespace(find_id=find_id)
 
-    def slurm_kill_job2(self, job_id: str, signal: int, flags: int) -> int:
-        self.asked.append(("kill", (job_id, signal, flags)))
+    def slurm_kill_job2(self, job_id: bytes, signal: int, flags: int) -> int:
+        if not isinstance(job_id, bytes):  # a const char * in pyslurm (seen in the soak)
+            raise TypeError(f"expected bytes, {type(job_id).__name__} found")
+        self.asked.append(("kill", (job_id.decode(), signal, flags)))
         return 0
 
     # the newer API
