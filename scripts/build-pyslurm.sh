@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pyslurm, Slurm's Python binding, built from its vendored sources for the Slurm it talks to
-# (the optional in-process backend: slurm_gpu_eff/pyslurm_backend.py).
+# (the optional in-process backend: slurm_gpu_eff/slurm/inproc.py).
 #
 #   build-pyslurm.sh host VENV            for the host's Slurm (22.05 on Debian 12), into VENV
 #                                         (the project's .venv: `make venv` calls this)

@@ -1,4 +1,4 @@
-"""slurm.py: sacct -P text -> rows -> SlurmJob, checked against fixtures in tests/fixtures/sacct.
+"""slurm/commands.py: sacct -P text -> rows -> SlurmJob, checked against fixtures in tests/fixtures/sacct.
 
 Fixture files use slurm.FIELDS in order and the \\x1f delimiter, one per job shape. Their
 AdminComments are empty (no line of ours): their GPU count is the AllocTRES that
