@@ -274,7 +274,7 @@ def _idle_check(config: Config, clock: Callable[[], float], slurm: Slurm | None)
         from ..store import open_store
 
         box = Outbox(config.mail_spool_dir).make()
-        slurm = slurm or connect(config)
+        slurm = slurm or connect(config, use="watch")
         if slurm.why and slurm.why not in _SAID:  # which backend asks Slurm: once a process
             _SAID.add(slurm.why)
             log.info("gpueff-mail: Slurm through %s: %s", slurm.name, slurm.why)

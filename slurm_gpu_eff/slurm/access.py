@@ -21,13 +21,17 @@ COMMANDS_FASTER = {
               "once (272 ms against 92 ms on 22.05)",
     "mirror": "a comment through pyslurm asks slurmdbd three times where sacct and sacctmgr ask "
               "twice (265 ms against 190 ms on 22.05)",
+    # faster through pyslurm (running_job 4 ms against squeue's 23 ms on 22.05), but on
+    # 24.11 the watch sent no alert through it in the suite, cause not yet found
+    "watch": "the idle watch through pyslurm failed its cluster test on 24.11 (issue 21's note)",
 }
 
 
 def connect(config: Config, early: SacctRun | None = None, want: str | None = None,
             use: str = "") -> Slurm:
     """The backend `want` (default: the config's) names, for `use` ("report": `gpueff
-    JOBID` and the end mail's report; "mirror": the AdminComment's writes). `early`: the
+    JOBID` and the end mail's report; "mirror": the AdminComment's writes; "watch": the
+    idle watch). `early`: the
     report's sacct, already running (the commands use it; pyslurm does not need it)."""
     want = want or config.slurm_backend
     if want not in BACKENDS:
