@@ -226,7 +226,7 @@ def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
         if writer:
             _progress(f"asking Slurm's accounting for jobs from {sacct_time(period.since)} "
                       f"to {sacct_time(period.until)}...")
-            jobs = connect(config).period_jobs(period.since, period.until)
+            jobs = connect(config, use="period").period_jobs(period.since, period.until)
             done = sync_usage(store, jobs, period, partial(_read_store, config.store_read_url),
                               HintSettings.from_config(config.hints), now,
                               lambda n, total: _progress(f"figures of {n} of {total} runs updated"))
@@ -270,7 +270,7 @@ def _mine(config: Any, period: Any, form: str) -> str:
         raise GpuEffError("--me comes as text, csv or json")
     user = pwd.getpwuid(os.getuid()).pw_name
     _progress("asking Slurm's accounting for your jobs...")
-    jobs = connect(config).period_jobs(period.since, period.until, user=user)
+    jobs = connect(config, use="period").period_jobs(period.since, period.until, user=user)
     _progress("")
     jobs = [j for j in jobs if j.user == user]  # Slurm's answer, held to the question
     try:

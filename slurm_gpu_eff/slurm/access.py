@@ -24,6 +24,8 @@ COMMANDS_FASTER = {
     # faster through pyslurm (running_job 4 ms against squeue's 23 ms on 22.05), but on
     # 24.11 the watch sent no alert through it in the suite, cause not yet found
     "watch": "the idle watch through pyslurm failed its cluster test on 24.11 (issue 21's note)",
+    # the pyslurm backend asks sacct for a period itself: its import would be paid for nothing
+    "period": "only sacct -D gives every run of a requeued job, which the usage report counts",
 }
 
 
@@ -31,7 +33,7 @@ def connect(config: Config, early: SacctRun | None = None, want: str | None = No
             use: str = "") -> Slurm:
     """The backend `want` (default: the config's) names, for `use` ("report": `gpueff
     JOBID` and the end mail's report; "mirror": the AdminComment's writes; "watch": the
-    idle watch). `early`: the
+    idle watch; "period": `gpueff report`'s sync and --me). `early`: the
     report's sacct, already running (the commands use it; pyslurm does not need it)."""
     want = want or config.slurm_backend
     if want not in BACKENDS:
