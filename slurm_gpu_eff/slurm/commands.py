@@ -33,7 +33,7 @@ from .records import (
     sacct_time,
 )
 from .run import run_slurm, said
-from .sacct import DELIMITER, FIELDS, SacctRun, check_job_id, fresh_delimiter
+from .sacct import DELIMITER, FIELDS, SacctRun, check_job_id, fresh_delimiter, is_job_id
 
 JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")  # sacct.is_job_id() says the same, without `re`
 
@@ -149,12 +149,20 @@ def get_admin_comment(job_id: str, sacct: str = "sacct", field: str = "AdminComm
     if done.returncode != 0:
         raise SlurmError(f"sacct failed: {said(done)}")
     rows = parse_rows(done.stdout.decode("utf-8", "replace"), delimiter, fields)
+    return comment_from_rows(job_id, rows, field, owner)
+
+
+def comment_from_rows(job_id: str, rows: list[dict[str, str]], field: str = "AdminComment",
+                      owner: bool = False) -> Comment:
+    """The Comment of `job_id` among sacct's allocation rows (either backend's): the row of
+    its own raw id, else the first, and the id a write names it alone by."""
     row = next((r for r in rows if r["JobIDRaw"] == job_id), rows[0] if rows else None)
     if row is None:
         return Comment("", "", job_id)
     shown = row["JobID"]
-    task = shown if ("_" in shown or "+" in shown) and JOB_ID.match(shown) else job_id
-    return Comment(row[field], row["AllocTRES"], task, row.get("User", ""), row.get("Account", ""))
+    task = shown if ("_" in shown or "+" in shown) and is_job_id(shown) else job_id
+    return Comment(row[field], row["AllocTRES"], task, row.get("User", "") if owner else "",
+                   row.get("Account", "") if owner else "")
 
 
 def parse_rows(text: str, delimiter: str = DELIMITER,

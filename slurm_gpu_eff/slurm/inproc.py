@@ -71,7 +71,7 @@ from typing import Any, TypeVar
 from ..config import Config, find_command
 from ..errors import JobNotFound, NotPermitted, SlurmError
 from .base import Slurm
-from .commands import Commands, jobs_from_rows, parse_rows
+from .commands import Commands, comment_from_rows, jobs_from_rows, parse_rows
 from .records import COMMENT_FIELDS, Comment, RunningJob, SlurmJob, mirrored_gpus
 from .run import run_slurm, said
 from .sacct import FIELDS, check_job_id, fresh_delimiter, is_job_id
@@ -141,13 +141,7 @@ class Pyslurm(Slurm):
         write it with: as the commands' `comment`."""
         job_id = check_job_id(job_id)
         rows = self._rows(job_id, with_steps=False, field=self.field)
-        row = next((r for r in rows if r["JobIDRaw"] == job_id), rows[0] if rows else None)
-        if row is None:
-            return Comment("", "", job_id)
-        shown = row["JobID"]
-        task = shown if ("_" in shown or "+" in shown) and is_job_id(shown) else job_id
-        return Comment(row["AdminComment"], row["AllocTRES"], task,
-                       row["User"] if owner else "", row["Account"] if owner else "")
+        return comment_from_rows(job_id, rows, owner=owner)
 
     def set_comment(self, job_id: str, cluster: str, text: str, running: bool = False) -> str:
         """Write `text` into the job's AdminComment (or SystemComment); returns where, as
