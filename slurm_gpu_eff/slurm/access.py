@@ -14,16 +14,14 @@ from .sacct import SacctRun
 
 BACKENDS = ("auto", "commands", "pyslurm")
 # The uses where auto keeps Slurm's commands though pyslurm matches: measured slower
-# through pyslurm (`make bench`; the note of issue 21 has the figures).
+# through pyslurm (`make bench`; the note of issue 21 has the figures). The idle watch
+# ("watch") takes pyslurm: running_job 4 ms against squeue's 23 ms on 22.05.
 COMMANDS_FASTER = {
     "report": "gpueff JOBID is a process a call: pyslurm's import alone (25-45 ms) costs more than "
               "sacct (4-7 ms on 24.11), and its load asks slurmdbd three times where sacct asks "
               "once (272 ms against 92 ms on 22.05)",
     "mirror": "a comment through pyslurm asks slurmdbd three times where sacct and sacctmgr ask "
               "twice (265 ms against 190 ms on 22.05)",
-    # faster through pyslurm (running_job 4 ms against squeue's 23 ms on 22.05), but on
-    # 24.11 the watch sent no alert through it in the suite, cause not yet found
-    "watch": "the idle watch through pyslurm failed its cluster test on 24.11 (issue 21's note)",
     # the pyslurm backend asks sacct for a period itself: its import would be paid for nothing
     "period": "only sacct -D gives every run of a requeued job, which the usage report counts",
 }

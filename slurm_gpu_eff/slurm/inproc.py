@@ -181,12 +181,17 @@ class Pyslurm(Slurm):
         as the commands' `running_job` (squeue)."""
         job_id = check_job_id(job_id)
         ps = _module()
+        newer = int(ps.__version__.split(".")[0]) >= 23
         try:
-            records = ps.job().find_id(job_id)
+            # The older API's find_id is broken from 23.x: it hands slurm_load_job the id as
+            # text where the C function now takes an integer ("an integer is required").
+            records = [ps.Job.load(int(job_id))] if newer else ps.job().find_id(job_id)
         except Exception as exc:  # noqa: BLE001
             if "Invalid job id" in _message(exc):
                 return None
             raise SlurmError(f"slurmctld: {_message(exc)}") from None
+        if newer:
+            return job_now_newer(records[0]) if str(records[0].id) == job_id else None
         for record in records:
             if str(record.get("job_id")) == job_id:
                 return job_now(record)
@@ -616,6 +621,48 @@ def job_now(record: dict[str, Any]) -> RunningJob:
         tres=record.get("tres_alloc_str") or "", task_id=task_id if is_job_id(task_id) else "",
         start_at=float(start) if start else None,
     )
+
+
+def job_now_newer(job: Any) -> RunningJob:
+    """A slurmctld job as pyslurm's newer API (`pyslurm.Job`, 23.x and later) gives it, as
+    squeue's row. That API has no allocated TRES string: `tres` is put together from the
+    parts it has, in Slurm's own form, and names a GPU count only where the job asked per
+    node (--gres, --gpus-per-node); a request per job (--gpus=N) leaves gres/gpu out."""
+    array, task = job.array_id, job.array_task_id
+    het, offset = job.heterogeneous_id, job.heterogeneous_offset
+    raw = str(job.id)
+    if array and task is not None:
+        task_id = f"{array}_{task}"
+    elif het:
+        task_id = f"{het}+{offset or 0}"
+    elif array:
+        task_id = ""
+    else:
+        task_id = raw
+    limit = job.time_limit
+    return RunningJob(
+        job_id=raw, name=job.name or "", user=job.user_name or "", account=job.account or "",
+        partition=job.partition or "", state=job.state or "", batch=bool(job.is_batch_job),
+        comment=job.comment or "",
+        time_limit=duration(int(limit) * 60) if isinstance(limit, int) else "UNLIMITED",
+        run_time=duration(int(job.run_time or 0)), nodes=job.allocated_nodes or "",
+        tres=tres_text(job), task_id=task_id if is_job_id(task_id) else "",
+        start_at=float(job.start_time) if job.start_time else None,
+    )
+
+
+def tres_text(job: Any) -> str:
+    """cpu=3,mem=3000M,node=1,billing=3,gres/gpu=2 as squeue's tres-alloc writes it."""
+    parts = [f"cpu={job.cpus}"]
+    if job.memory:
+        parts.append(f"mem={_mega(int(job.memory))}")
+    parts.append(f"node={job.num_nodes}")
+    if job.billable_tres:
+        parts.append(f"billing={int(job.billable_tres)}")
+    per_node = (job.gres_per_node or {}).get("gres/gpu")
+    if isinstance(per_node, int) and job.num_nodes:
+        parts.append(f"gres/gpu={per_node * int(job.num_nodes)}")
+    return ",".join(parts)
 
 
 def duration(seconds: int) -> str:
