@@ -79,7 +79,7 @@ class GpuSummary:
     # The PCIe link: {"gen", "width"} the highest current generation and width read during
     # the job (links downshift when idle), {"max_gen", "max_width"} what device and slot
     # allow (NVML); None where NVML cannot say.
-    pcie_link: dict[str, int] | None = None
+    pcie_link: dict[str, int | None] | None = None
     # NVLink: {"links": active links, "version": NVLink generation, "gbps_per_dir": GB/s
     # per direction over all active links}; None where the GPU has none (NotSupported).
     nvlink: dict[str, Any] | None = None

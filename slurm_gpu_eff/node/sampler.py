@@ -44,6 +44,7 @@ VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and
 # reading covered: it ends an idle stretch, never lengthens one (the idle policy cancels
 # on it). Polls interval_s apart, in the driver clock's seconds.
 GAP_POLLS, GAP_MIN_S = 5, 30.0
+LINK_EVERY_POLLS = 10  # polls between looks at the GPUs' PCIe link speed (Gpu.read_pcie)
 
 
 class Sampler:
@@ -87,6 +88,7 @@ class Sampler:
         self._to_here = 0.0 if self.sampled_from is None else max(0.0, self.started_at - self.sampled_from)
         self.export_failed = False
         self.frameworks = FrameworkWatch()  # what the job's GPU processes run on
+        self.polls = 0
 
     def sample_once(self) -> None:
         now = self.clock()
@@ -116,6 +118,10 @@ class Sampler:
                 for pid, _ in pids:
                     if pid not in seen:  # a process new to the job's GPUs: once each
                         self._classify(stats, pid)
+        self.polls += 1
+        if self.polls % LINK_EVERY_POLLS == 0:  # a link idle at binding runs faster under load
+            for stats, reading in readings:
+                stats.gpu.read_pcie(reading.util)
         self._record_xids(now)
         # Did the job use any GPU at all? (verify.py) The node's GPUs are listed only while
         # a look can still tell: not once settled, nor after a partial look.
