@@ -478,8 +478,10 @@ gpu_uuid() {
 # without GPM, so both kinds of report are exercised.
 write_devices_json() {
   local node minor sep_node="" sep_gpu model
-  local h100='"name": "NVIDIA H100 80GB HBM3 (simulated)", "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 70, "gpm": true'
-  local a100='"name": "NVIDIA A100-SXM4-40GB (simulated)", "memory_total_gib": 40, "power_limit_w": 400, "idle_power_w": 55, "gpm": false'
+  # Their links as the SXM boards have them: PCIe Gen5 x16 and 18 NVLinks of NVLink 4.0
+  # (nvmlNvlinkVersion_t 6) on the H100, Gen4 x16 and 12 of NVLink 3 (an A100 answers 5).
+  local h100='"name": "NVIDIA H100 80GB HBM3 (simulated)", "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 70, "gpm": true, "pcie_gen": 5, "pcie_width": 16, "nvlinks": 18, "nvlink_version": 6'
+  local a100='"name": "NVIDIA A100-SXM4-40GB (simulated)", "memory_total_gib": 40, "power_limit_w": 400, "idle_power_w": 55, "gpm": false, "pcie_gen": 4, "pcie_width": 16, "nvlinks": 12, "nvlink_version": 5'
   {
     printf '{'
     for node in $(node_names); do

@@ -76,6 +76,13 @@ class GpuSummary:
     # The stretch under 5% the GPU was in when sampled last: {"since": clock time,
     # "seconds": its length}; None when it was busy (what idle-GPU alerts read).
     idle_now: dict[str, float] | None = None
+    # The PCIe link: {"gen", "width"} the highest current generation and width read during
+    # the job (links downshift when idle), {"max_gen", "max_width"} what device and slot
+    # allow (NVML); None where NVML cannot say.
+    pcie_link: dict[str, int | None] | None = None
+    # NVLink: {"links": active links, "version": NVLink generation, "gbps_per_dir": GB/s
+    # per direction over all active links}; None where the GPU has none (NotSupported).
+    nvlink: dict[str, Any] | None = None
 
     def metric(self, name: str, stat: str = "mean") -> float | None:
         values = self.metrics.get(name)
@@ -112,6 +119,10 @@ class NodeSummary:
     # Whether the GPUs measured are the job's own: {"status": "verified" | "unverified" |
     # "mismatch", "evidence": [...]} (node/verify.py); None from samplers before the check.
     binding: dict[str, Any] | None = None
+    # What the job's GPU processes run on, from the libraries they map (node/frameworks.py):
+    # "pytorch", "tensorflow", "jax", "cuda"; [] when processes were looked at but none
+    # recognised, None when none was looked at.
+    frameworks: list[str] | None = None
     version: int = SUMMARY_VERSION
 
     @property

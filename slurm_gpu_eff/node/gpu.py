@@ -99,6 +99,16 @@ DRIVER_PERIOD_S = 1.0
 CLOCK_BACK_US = 1_000_000  # the clock this far before a driver's sample: it was stepped back
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
+# NVLink: NVML numbers versions by its nvmlNvlinkVersion_t (an A100 answers 5, "3.1", not
+# 3): enum -> NVLink generation, and a link's bandwidth per direction in GB/s by generation,
+# from NVIDIA's figures (docs/metrics.md): P100 160 GB/s over 4 links (both directions),
+# V100 300 GB/s over 6, A100 600 GB/s over 12, H100 900 GB/s over 18, Blackwell 1.8 TB/s
+# over 18. A generation not listed has no rate (None), rather than a guess.
+NVLINK_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
+NVLINK_GBPS_PER_DIR = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS (nvml.h 13): a ceiling; a GPU's own links are fewer
+LINK_BUSY_UTIL = 50.0  # a poll this busy finds the PCIe link at its working speed
+LINK_IDLE_TURNS = 6  # ... else every this many turns (sampler.LINK_EVERY_POLLS apart) anyway
 
 
 @dataclass(slots=True)  # one a GPU a poll: slots make it cheaper to build and read
@@ -153,9 +163,9 @@ class Gpu:
     __slots__ = (
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
-        "last_sample_us", "listed", "memory_total_bytes", "minor", "mismatches", "name", "nvml",
-        "parent", "parent_uuid", "plan", "power_limit_w", "process_seen_at", "process_since_us",
-        "steady", "unsupported", "uuid",
+        "last_sample_us", "link_turns", "listed", "memory_total_bytes", "minor", "mismatches", "name",
+        "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
+        "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
 
     def __init__(
@@ -217,6 +227,88 @@ class Gpu:
         # Each result slot of the request with its name, taken once: views of its buffer
         self.gpm_slots: list[tuple[str, Any]] = (
             [] if self.gpm_request is None else list(zip(GPM_NAMES, self.gpm_request.metrics, strict=False)))
+        # The links, static but for the PCIe link's current speed (read_pcie)
+        self.pcie_max = self._pcie_max()
+        self.pcie_seen: list[int | None] = [None, None]  # the highest current gen, width seen
+        self.pcie_done = False  # seen at its most (or NVML cannot say): no more reads
+        self.link_turns = 0
+        self.read_pcie()
+        self.nvlink = self._nvlink()
+
+    def _pcie_max(self) -> dict[str, int | None]:
+        """What the PCIe link can do: the most device and slot allow, and the device alone
+        (the link belongs to the whole GPU: a MIG slice reads its GPU's)."""
+        whole = self.parent if self.is_mig else self.handle
+        return {"max_gen": self._call("nvmlDeviceGetMaxPcieLinkGeneration", handle=whole),
+                "max_width": self._call("nvmlDeviceGetMaxPcieLinkWidth", handle=whole),
+                "gpu_max_gen": self._call("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle=whole)}
+
+    def read_pcie(self, util: float | None = None) -> None:
+        """The PCIe link's current generation and width, the highest kept. An idle link
+        drops to a lower generation, so it is read on busy polls (`util` at or above
+        LINK_BUSY_UTIL, or unknown), else every LINK_IDLE_TURNS calls; no more once it was
+        seen at its most. The sampler calls this every few polls, not every one."""
+        if self.pcie_done:
+            return
+        self.link_turns += 1
+        if util is not None and util < LINK_BUSY_UTIL and self.link_turns % LINK_IDLE_TURNS:
+            return
+        whole = self.parent if self.is_mig else self.handle
+        gen = self._link_call("nvmlDeviceGetCurrPcieLinkGeneration", whole)
+        width = self._link_call("nvmlDeviceGetCurrPcieLinkWidth", whole)
+        seen = self.pcie_seen
+        for i, value in enumerate((gen, width)):
+            if value is not None and (seen[i] is None or value > seen[i]):
+                seen[i] = int(value)
+        top = self.pcie_max
+        self.pcie_done = {"nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth"} <= \
+            self.unsupported or (seen[0] == top["max_gen"] and seen[1] == top["max_width"])
+
+    def _link_call(self, function: str, whole: Any) -> Any:
+        """A look at the link speed that failed (NVML busy, an unknown error) is tried again
+        at a later look: quietly, as it costs no reading of the poll's; never raises (a GPU
+        lost meanwhile is the next poll's to find, where the sampler expects it)."""
+        try:
+            return self._call(function, handle=whole, passing=False)
+        except Exception:
+            return None
+
+    def pcie_link(self) -> dict[str, int | None] | None:
+        """{"gen", "width"} the highest current seen, {"max_gen", "max_width"} what device
+        and slot allow, "gpu_max_gen" the device alone; None where NVML said none of it."""
+        link = {"gen": self.pcie_seen[0], "width": self.pcie_seen[1], **self.pcie_max}
+        return None if all(v is None for v in link.values()) else link
+
+    def _nvlink(self) -> dict[str, Any] | None:
+        """The GPU's active NVLinks, their generation and bandwidth per direction, all
+        together; None where NVML has no NVLink for it (NotSupported: most PCIe cards, not
+        a refusal worth listing among the unsupported calls). Links are asked from 0 until
+        one past the GPU's own (InvalidArgument). Once, at binding: links are static."""
+        nvml = self.nvml
+        whole = self.parent if self.is_mig else self.handle
+        active, version = 0, None
+        try:
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", MAX_NVLINKS)):
+                try:
+                    state = nvml.nvmlDeviceGetNvLinkState(whole, link)
+                except nvml.NVMLError_InvalidArgument:
+                    break  # past the GPU's links
+                if state == getattr(nvml, "NVML_FEATURE_ENABLED", 1):
+                    active += 1
+                    if version is None:
+                        version = int(nvml.nvmlDeviceGetNvLinkVersion(whole, link))
+        except nvml.NVMLError_GpuIsLost as exc:
+            raise self._lost() from exc
+        except self.mismatches:
+            if active == 0:
+                return None  # no NVLink here, or a driver without the calls
+        except Exception as exc:  # a passing error: a partial count would mislead
+            self._note("NVLink", exc)
+            return None
+        generation = None if version is None else NVLINK_GENERATION.get(version)
+        rate = None if generation is None else NVLINK_GBPS_PER_DIR.get(generation)
+        return {"links": active, "version": generation, "nvml_version": version,
+                "gbps_per_dir": 0.0 if active == 0 else None if rate is None else rate * active}
 
     def _call(
         self, function: str, *args: Any, handle: Any = None, key: str = "", passing: bool = True,

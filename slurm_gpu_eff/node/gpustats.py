@@ -288,6 +288,7 @@ class GpuStats:
             idle_longest=None if self.idle_longest is None else {
                 "from_s": round(self.idle_longest[0], 3), "seconds": round(self.idle_longest[1], 3)},
             idle_now=_idle_now(self.idle_now()),
+            pcie_link=gpu.pcie_link(), nvlink=gpu.nvlink,
         )
 
 

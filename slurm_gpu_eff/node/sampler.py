@@ -29,6 +29,7 @@ from ..config import DEFAULT_PATH, Config, load_config
 from ..errors import GpuEffError, GpuLost
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, NodeSummary
 from .binding import gpu_minors
+from .frameworks import FrameworkWatch
 from .gpu import ALL_GI, Gpu, GpuSession
 from .gpustats import GpuStats
 from .jobenv import JobContext, job_of_pid, parse_job_gpus
@@ -43,6 +44,7 @@ VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and
 # reading covered: it ends an idle stretch, never lengthens one (the idle policy cancels
 # on it). Polls interval_s apart, in the driver clock's seconds.
 GAP_POLLS, GAP_MIN_S = 5, 30.0
+LINK_EVERY_POLLS = 10  # polls between looks at the GPUs' PCIe link speed (Gpu.read_pcie)
 
 
 class Sampler:
@@ -85,6 +87,8 @@ class Sampler:
         # The first poll stands for the time since binding: to here, then from here on.
         self._to_here = 0.0 if self.sampled_from is None else max(0.0, self.started_at - self.sampled_from)
         self.export_failed = False
+        self.frameworks = FrameworkWatch()  # what the job's GPU processes run on
+        self.polls = 0
 
     def sample_once(self) -> None:
         now = self.clock()
@@ -103,11 +107,21 @@ class Sampler:
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
+        seen = self.frameworks.seen
         for stats, reading in readings:
             stats.add(reading, seconds, gap)
-            if reading.pids and self.binding.wants(stats.gpu.minor, reading.pids):
-                owners = {pid: stats.job_of(pid) for pid, _ in reading.pids}
+            pids = reading.pids
+            if pids and self.binding.wants(stats.gpu.minor, pids):
+                owners = {pid: stats.job_of(pid) for pid, _ in pids}
                 self.binding.processes(stats.gpu.minor, owners, bound=True)
+            if pids:
+                for pid, _ in pids:
+                    if pid not in seen:  # a process new to the job's GPUs: once each
+                        self._classify(stats, pid)
+        self.polls += 1
+        if self.polls % LINK_EVERY_POLLS == 0:  # a link idle at binding runs faster under load
+            for stats, reading in readings:
+                stats.gpu.read_pcie(reading.util)
         self._record_xids(now)
         # Did the job use any GPU at all? (verify.py) The node's GPUs are listed only while
         # a look can still tell: not once settled, nor after a partial look.
@@ -119,6 +133,17 @@ class Sampler:
         # end before it began, and the store keeps the copy sampled latest) until it
         # catches up; stepped forward, the window's end moves with it.
         self.sampled_until = now if self.sampled_until is None else max(self.sampled_until, now)
+
+    def _classify(self, stats: GpuStats, pid: int) -> None:
+        """Which framework a new process on the job's GPUs runs on, if it is the job's
+        (another job's, on a shared GPU, says nothing of this one)."""
+        watch = self.frameworks
+        if not watch.wants(pid):
+            return
+        if self.job.owns(stats.job_of(pid)):
+            watch.look(pid)
+        else:
+            watch.skip(pid)
 
     def _since_last(self) -> float:
         """The poll's span on the monotonic clock, in the driver clock's seconds (the
@@ -165,6 +190,7 @@ class Sampler:
             run_started_at=self.run_started_at,
             sampled_from=self.sampled_from, sampled_until=self.sampled_until,
             gpus=[s.summary(self.job.node) for s in self.gpus], binding=self.binding.result(),
+            frameworks=self.frameworks.result(),
         )
 
 

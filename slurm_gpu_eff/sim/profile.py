@@ -2,8 +2,10 @@
 
 A profile is JSON: {"phases": [{"seconds": S, "gpus": {"*"|"0"|"1"...: {metric: value}}}]}.
 A value is a number or a square wave {"low", "high", "period_s", "duty"}. Metrics a phase
-does not name keep their idle value. Averages over any window are computed exactly
-(not sampled), so tests can compare what the sampler saw with the truth.
+does not name keep their idle value. An optional "framework" (one of FRAMEWORKS) makes the
+workload process map libraries named as that framework's are, as a real job's would.
+Averages over any window are computed exactly (not sampled), so tests can compare what the
+sampler saw with the truth.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ EVENT_FIELDS = {
     "nvml_error": "true: while the phase runs, every NVML query on the GPU (and its MIG "
                   "instances) but its identity fails with a passing error (NVML: Unknown Error)",
 }
+# What the workload process presents itself as (sim/workload.py maps the libraries).
+FRAMEWORKS = ("pytorch", "tensorflow", "jax", "cuda", "none")
 PERCENT_METRICS = {
     "util", "mem_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
     "fp16_active", "fp32_active", "fp64_active", "shared_util",
@@ -92,6 +96,7 @@ class Phase:
 class Profile:
     phases: tuple[Phase, ...]
     raw: dict[str, Any]
+    framework: str = "none"  # what the workload process maps libraries as (FRAMEWORKS)
 
     @property
     def duration_s(self) -> float:
@@ -168,6 +173,9 @@ def parse_profile(data: Any) -> Profile:
     """Validate a decoded profile; raises ProfileError naming the faulty field."""
     if not isinstance(data, dict) or not isinstance(data.get("phases"), list) or not data["phases"]:
         raise ProfileError("profile: needs a non-empty list 'phases'")
+    framework = data.get("framework", "none")
+    if framework not in FRAMEWORKS:
+        raise ProfileError(f"profile: 'framework' must be one of {', '.join(FRAMEWORKS)}")
     phases = []
     start = 0.0
     for number, item in enumerate(data["phases"], 1):
@@ -195,7 +203,7 @@ def parse_profile(data: Any) -> Profile:
             }
         phases.append(Phase(start, float(seconds), parsed, events))
         start += float(seconds)
-    return Profile(tuple(phases), data)
+    return Profile(tuple(phases), data, framework)
 
 
 def _event(where: str, name: str, value: Any) -> Any:

@@ -12,9 +12,12 @@ seen.
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -170,6 +173,55 @@ class Publisher:
             ) from exc
 
 
+# The libraries each framework's process maps, as a site's installations name them (paths
+# under a pip environment's site-packages): what the sampler reads in /proc/PID/maps.
+RUNTIME = "nvidia/cuda_runtime/lib/libcudart.so.12"
+FRAMEWORK_LIBRARIES = {
+    "pytorch": ("torch/lib/libc10_cuda.so", "torch/lib/libtorch_cuda.so", RUNTIME),
+    "tensorflow": ("tensorflow/libtensorflow_framework.so.2",
+                   "tensorflow/python/_pywrap_tensorflow_internal.so", RUNTIME),
+    "jax": ("jaxlib/xla_extension.so", RUNTIME),
+    "cuda": (RUNTIME,),
+    "none": (),
+}
+
+
+class FrameworkLibraries:
+    """Maps, read-only, small files named as a framework's libraries into this process for
+    as long as it is open, so that its /proc/PID/maps reads as that framework's would. The
+    files live in a directory of their own under TMPDIR (the job's), removed on close."""
+
+    def __init__(self, framework: str) -> None:
+        self.maps: list[mmap.mmap] = []
+        self.directory = ""
+        names = FRAMEWORK_LIBRARIES[framework]
+        if not names:
+            return
+        self.directory = tempfile.mkdtemp(prefix="gpueff-sim-libs-")
+        try:
+            for name in names:
+                self.maps.append(_map_file(os.path.join(self.directory, "site-packages", name)))
+        except OSError as exc:
+            self.close()
+            raise GpuEffError(f"cannot present the job as {framework}: {exc}") from exc
+
+    def close(self) -> None:
+        for mapped in self.maps:
+            mapped.close()
+        self.maps = []
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = ""
+
+
+def _map_file(path: str) -> mmap.mmap:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(b"\x7fELF gpueff-sim stand-in\n")  # not loadable: only its name counts
+    with open(path, "rb") as handle:
+        return mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)  # the mapping outlives the fd
+
+
 def _device_specs(path: str, node: str) -> dict[int, dict[str, Any]]:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -201,14 +253,20 @@ def run(
         stop["now"] = True
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    # Mapped before the process shows on a GPU, as a framework's are by the time it has a
+    # CUDA context, and kept until it leaves them.
+    libraries = FrameworkLibraries(profile.framework)
     started = clock()
-    publisher.start(profile, minors, started)
     ended = started
     try:
-        while not stop["now"] and clock() - started < profile.duration_s:
-            sleep(min(0.5, max(0.0, (profile.duration_s - (clock() - started)) / scale)))
+        publisher.start(profile, minors, started)
+        try:
+            while not stop["now"] and clock() - started < profile.duration_s:
+                sleep(min(0.5, max(0.0, (profile.duration_s - (clock() - started)) / scale)))
+        finally:
+            ended = clock()
+            publisher.end(profile, minors, started, ended)
     finally:
-        ended = clock()
-        publisher.end(profile, minors, started, ended)
         signal.signal(signal.SIGTERM, previous)
+        libraries.close()
     return started, ended

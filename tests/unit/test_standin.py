@@ -454,6 +454,9 @@ CURRENT_EXPORTS = {
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
     "nvmlGpmSampleFree", "nvmlGpmSampleGet", "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet",
     "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree",
+    "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkVersion",
     "gpueffSimSetClock",
 }
 OLD_DRIVER_LACKS = {
@@ -477,7 +480,9 @@ PACKAGE_USES = [
     "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
     "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet", "nvmlEventSetCreate", "nvmlDeviceRegisterEvents",
-    "nvmlEventSetWait", "nvmlEventSetFree",
+    "nvmlEventSetWait", "nvmlEventSetFree", "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkVersion",
 ]
 
 
@@ -1297,6 +1302,80 @@ def test_unsupported_is_checked_first_and_matches_any_version_suffix(node: Node)
             call()
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
         pynvml.nvmlDeviceGetPowerUsage(h)
+
+
+# --- links: PCIe and NVLink, from the device's spec ----------------------------------------------------
+
+H100_SXM_LINKS = {"pcie_gen": 5, "pcie_width": 16, "nvlinks": 18, "nvlink_version": 6}  # NVLink 4.0
+
+
+def test_the_pcie_link_runs_at_its_most_while_busy_and_drops_when_idle(node: Node) -> None:
+    with_specs(node, m0=H100_SXM_LINKS)
+    gpu = handle(0)
+    assert pynvml.nvmlDeviceGetMaxPcieLinkGeneration(gpu) == 5
+    assert pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration(gpu) == 5
+    assert pynvml.nvmlDeviceGetMaxPcieLinkWidth(gpu) == 16
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(gpu) == 1  # idle: downshifted
+    assert pynvml.nvmlDeviceGetCurrPcieLinkWidth(gpu) == 16
+    node.write_state(0, BUSY, started_at=BOOT + 950.0)
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(gpu) == 5
+    node.now = BOOT + 1051.0  # the workload's profile is over: idle again
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(gpu) == 1
+
+
+def test_pcie_defaults_and_a_slot_slower_than_the_gpu(node: Node) -> None:
+    with_specs(node, m1={"pcie_gen": 3, "pcie_width": 8, "pcie_gpu_max_gen": 5, "pcie_idle_gen": 2})
+    assert [pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle(0)),
+            pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle(0))] == [4, 16]  # not in the spec: Gen4 x16
+    slow = handle(1)
+    assert pynvml.nvmlDeviceGetMaxPcieLinkGeneration(slow) == 3  # what device and slot allow
+    assert pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration(slow) == 5  # the device alone
+    assert pynvml.nvmlDeviceGetMaxPcieLinkWidth(slow) == 8
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(slow) == 2
+
+
+def test_nvlink_state_and_version_per_link(node: Node) -> None:
+    with_specs(node, m0=H100_SXM_LINKS, m2={**H100_SXM_LINKS, "nvlinks_active": 16})
+    gpu = handle(0)
+    assert [pynvml.nvmlDeviceGetNvLinkState(gpu, link) for link in range(18)] == [1] * 18
+    assert pynvml.nvmlDeviceGetNvLinkVersion(gpu, 17) == pynvml.NVML_NVLINK_VERSION_4_0
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # past the GPU's links, as drivers say
+        pynvml.nvmlDeviceGetNvLinkState(gpu, 18)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetNvLinkVersion(gpu, pynvml.NVML_NVLINK_MAX_LINKS)
+    assert [pynvml.nvmlDeviceGetNvLinkState(handle(2), link) for link in (15, 16, 17)] == [1, 0, 0]
+
+
+def test_a_gpu_without_nvlink_says_not_supported(node: Node) -> None:
+    pynvml.nvmlInit()  # SIM_DEVICES name no NVLink
+    for call in (pynvml.nvmlDeviceGetNvLinkState, pynvml.nvmlDeviceGetNvLinkVersion):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            call(handle(0), 0)
+
+
+def test_link_calls_follow_the_spec_unsupported_list_lost_gpus_and_mig(node: Node) -> None:
+    with_specs(node, MIG_GPU, m0={**H100_SXM_LINKS, "unsupported": ["nvmlDeviceGetCurrPcieLinkGeneration",
+                                                                    "nvmlDeviceGetNvLinkState"]})
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle(0))
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetNvLinkState(handle(0), 0)
+    assert pynvml.nvmlDeviceGetNvLinkVersion(handle(0), 0) == 6
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle(4), 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # the link is the whole GPU's
+        pynvml.nvmlDeviceGetMaxPcieLinkGeneration(mig)
+    node.write_state(1, LOSES, started_at=BOOT + 980.0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle(1))
+
+
+@pytest.mark.parametrize("change", [
+    {"pcie_gen": 0}, {"pcie_width": 1.5}, {"pcie_idle_gen": 5}, {"nvlinks": 37},
+    {"nvlinks": 4, "nvlinks_active": 5}, {"nvlink_version": "4.0"},
+])
+def test_a_bad_link_spec_is_driver_not_loaded(node: Node, change: dict[str, Any]) -> None:
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        with_specs(node, m0=change)
 
 
 # --- MIG ------------------------------------------------------------------------------------------------

@@ -740,6 +740,102 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
     LOCKED(process_utilization(device, utilization_, processSamplesCount, lastSeenTimeStamp));
 }
 
+/* --- links: PCIe and NVLink --------------------------------------------------------------- */
+
+/* An idle link drops to a lower generation to save power and comes back under load, as
+ * real ones do: the current generation is the most while the workload keeps the GPU busy. */
+static nvmlReturn_t pcie_link(nvmlDevice_t handle, const char *function, unsigned *out)
+{
+    TARGET(handle, function, WHOLE_GPU | CHECK_LOST);
+    if (out == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strcmp(function, "nvmlDeviceGetMaxPcieLinkGeneration") == 0)
+        *out = d->pcie_max_gen;
+    else if (strcmp(function, "nvmlDeviceGetGpuMaxPcieLinkGeneration") == 0)
+        *out = d->pcie_gpu_max_gen;
+    else if (strcmp(function, "nvmlDeviceGetMaxPcieLinkWidth") == 0
+             || strcmp(function, "nvmlDeviceGetCurrPcieLinkWidth") == 0)
+        *out = d->pcie_max_width;
+    else {
+        double t = sim_now();
+        *out = target_mean(d, M_UTIL, t, t) > 0 ? d->pcie_max_gen : d->pcie_idle_gen;
+    }
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen)
+{
+    LOCKED(pcie_link(device, "nvmlDeviceGetMaxPcieLinkGeneration", maxLinkGen));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGenDevice)
+{
+    LOCKED(pcie_link(device, "nvmlDeviceGetGpuMaxPcieLinkGeneration", maxLinkGenDevice));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *maxLinkWidth)
+{
+    LOCKED(pcie_link(device, "nvmlDeviceGetMaxPcieLinkWidth", maxLinkWidth));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *currLinkGen)
+{
+    LOCKED(pcie_link(device, "nvmlDeviceGetCurrPcieLinkGeneration", currLinkGen));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth)
+{
+    LOCKED(pcie_link(device, "nvmlDeviceGetCurrPcieLinkWidth", currLinkWidth));
+}
+
+/* A GPU without NVLink: NOT_SUPPORTED; a link past the GPU's own (NVML_NVLINK_MAX_LINKS is a
+ * ceiling over every architecture): INVALID_ARGUMENT, as the driver answers. */
+static nvmlReturn_t nvlink_target(nvmlDevice_t handle, const char *function, unsigned link,
+                                  struct nvmlDevice_st **out)
+{
+    TARGET(handle, function, WHOLE_GPU | CHECK_LOST);
+    if (d->nvlinks == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= d->nvlinks)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = d;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t nvlink_state(nvmlDevice_t handle, unsigned link, nvmlEnableState_t *active)
+{
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = nvlink_target(handle, "nvmlDeviceGetNvLinkState", link, &d);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (active == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *active = link < d->nvlinks_active ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive)
+{
+    LOCKED(nvlink_state(device, link, isActive));
+}
+
+static nvmlReturn_t nvlink_version(nvmlDevice_t handle, unsigned link, unsigned *version)
+{
+    struct nvmlDevice_st *d;
+    nvmlReturn_t r = nvlink_target(handle, "nvmlDeviceGetNvLinkVersion", link, &d);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (version == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *version = d->nvlink_version;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version)
+{
+    LOCKED(nvlink_version(device, link, version));
+}
+
 /* --- MIG --------------------------------------------------------------------------------- */
 
 static nvmlReturn_t mig_mode(nvmlDevice_t handle, unsigned *current, unsigned *pending)

@@ -286,6 +286,29 @@ static bool read_mig(const struct json *spec, const struct settings *s, struct n
     return mig->state_path != NULL;
 }
 
+/* The links: PCIe Gen4 x16 and no NVLink unless the spec says (an H100 SXM: pcie_gen 5,
+ * nvlinks 18, nvlink_version 6). */
+static bool read_links(const struct json *spec, struct nvmlDevice_st *gpu)
+{
+    long long gen, width, gpu_gen, idle_gen, links, active, version;
+    if (!opt_integer(spec, "pcie_gen", 4, 1, 32, &gen)
+        || !opt_integer(spec, "pcie_width", 16, 1, 64, &width)
+        || !opt_integer(spec, "pcie_gpu_max_gen", (double)gen, 1, 32, &gpu_gen)
+        || !opt_integer(spec, "pcie_idle_gen", 1, 1, (double)gen, &idle_gen)
+        || !opt_integer(spec, "nvlinks", 0, 0, NVML_NVLINK_MAX_LINKS, &links)
+        || !opt_integer(spec, "nvlinks_active", (double)links, 0, (double)links, &active)
+        || !opt_integer(spec, "nvlink_version", NVML_NVLINK_VERSION_4_0, 1, 255, &version))
+        return false;
+    gpu->pcie_max_gen = (unsigned)gen;
+    gpu->pcie_max_width = (unsigned)width;
+    gpu->pcie_gpu_max_gen = (unsigned)gpu_gen;
+    gpu->pcie_idle_gen = (unsigned)idle_gen;
+    gpu->nvlinks = (unsigned)links;
+    gpu->nvlinks_active = (unsigned)active;
+    gpu->nvlink_version = (unsigned)version;
+    return true;
+}
+
 static bool read_gpu_numbers(const struct json *spec, struct nvmlDevice_st *gpu)
 {
     double idle_mem;
@@ -303,7 +326,8 @@ static bool read_gpu_numbers(const struct json *spec, struct nvmlDevice_st *gpu)
         || !opt_number(spec, "idle_temp_c", 32, &gpu->idle[M_TEMP_C])
         || !opt_number(spec, "idle_sm_clock_mhz", 345, &gpu->idle[M_SM_CLOCK_MHZ])
         || !opt_number(spec, "sample_period_s", 1.0 / 6, &gpu->sample_period)
-        || !opt_integer(spec, "sample_buffer", 120, 1, MAX_SAMPLE_BUFFER, &buffer))
+        || !opt_integer(spec, "sample_buffer", 120, 1, MAX_SAMPLE_BUFFER, &buffer)
+        || !read_links(spec, gpu))
         return false;
     gpu->minor = (unsigned)minor;
     gpu->sample_buffer = (int)buffer;

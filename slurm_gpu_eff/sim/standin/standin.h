@@ -86,6 +86,12 @@ struct nvmlDevice_st {
     unsigned long long memory_total, reserved;
     double power_limit_w, sample_period, idle[M_COUNT];
     int sample_buffer;
+    /* The PCIe link: the most device and slot allow, the device's own most, and the
+     * generation an idle link drops to (a busy one runs at the most). */
+    unsigned pcie_max_gen, pcie_max_width, pcie_gpu_max_gen, pcie_idle_gen;
+    /* NVLink: links the GPU has (0: no NVLink, NOT_SUPPORTED), how many are active, and
+     * the version as NVML's nvmlNvlinkVersion_t numbers it (6: NVLink 4.0). */
+    unsigned nvlinks, nvlinks_active, nvlink_version;
     bool gpm;
     unsigned quirks;
     int n_unsupported;
