@@ -76,6 +76,8 @@ class GpuSummary:
     # The stretch under 5% the GPU was in when sampled last: {"since": clock time,
     # "seconds": its length}; None when it was busy (what idle-GPU alerts read).
     idle_now: dict[str, float] | None = None
+    pcie_link: dict | None = None
+    nvlink: dict | None = None
 
     def metric(self, name: str, stat: str = "mean") -> float | None:
         values = self.metrics.get(name)
@@ -113,6 +115,7 @@ class NodeSummary:
     # "mismatch", "evidence": [...]} (node/verify.py); None from samplers before the check.
     binding: dict[str, Any] | None = None
     version: int = SUMMARY_VERSION
+    frameworks: list[str] | None = None
 
     @property
     def final(self) -> bool:

@@ -9,6 +9,7 @@ from .host import RULES as HOST
 from .kernels import RULES as KERNELS
 from .links import RULES as LINKS
 from .memory import RULES as MEMORY
+from .sm import RULES as SM
 
-RULES: tuple[Rule, ...] = (*GPU_USE, *KERNELS, *MEMORY, *LINKS, *HOST, *HARDWARE)
+RULES: tuple[Rule, ...] = (*GPU_USE, *SM, *KERNELS, *MEMORY, *LINKS, *HOST, *HARDWARE)
 RULE_BY_ID = {rule.id: rule for rule in RULES}

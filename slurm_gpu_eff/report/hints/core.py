@@ -101,7 +101,108 @@ def cpus_per_gpu(report: JobReport) -> int:
     return max(1, report.job.ncpus // max(1, report.job.gpus))
 
 
+@dataclass(frozen=True)
+class Savings:
+    """GPU-hours a fix would give back: "measured" (held idle, measured: "would have
+    saved") or "estimated" (a bound or a guess: "up to"), and how it was worked out."""
+
+    gpu_hours: float
+    kind: str
+    how: str
+
+
+def measured(gpu_hours: float, how: str) -> Savings:
+    return Savings(gpu_hours, "measured", how)
+
+
+def estimated(gpu_hours: float, how: str) -> Savings:
+    return Savings(gpu_hours, "estimated", how)
+
+
 def hint(rule: str, severity: str, message: str, evidence: dict[str, Any], fix: str,
-          savings: float | None, audience: str = "user") -> Hint:
-    return Hint(rule, severity, audience, message, evidence, fix,
-                None if savings is None else gpu_h(max(0.0, savings)))
+         savings: Savings | None, audience: str = "user") -> Hint:
+    if savings is None:
+        return Hint(rule, severity, audience, message, evidence, fix, None)
+    return Hint(rule, severity, audience, message, evidence, fix, gpu_h(max(0.0, savings.gpu_hours)),
+                savings_kind=savings.kind, savings_how=savings.how)
+
+
+# --- what the job is: its framework, its nodes, its SM activity --------------------------------
+
+FRAMEWORKS = ("pytorch", "tensorflow", "jax")
+PREALLOCATING = ("tensorflow", "jax")  # they take (nearly) all GPU memory by design
+NSYS = ("profile one run with Nsight Systems ('nsys profile -o profile --trace=cuda,nvtx,osrt "
+        "<your command>') to see what the GPU waits on")
+
+
+def framework(report: JobReport) -> str | None:
+    """The job's one deep-learning framework, or None: unknown, plain CUDA, or several."""
+    found = [name for name in report.frameworks or [] if name in FRAMEWORKS]
+    return found[0] if len(found) == 1 else None
+
+
+def fitted(report: JobReport, fixes: dict[str, str], neutral: str) -> str:
+    """A framework's fix only for that framework; else the neutral one (a framework's fix
+    sent to another code teaches users to ignore hints)."""
+    name = framework(report)
+    return fixes[name] if name is not None and name in fixes else neutral
+
+
+def sm(g: GpuLine) -> float | None:
+    """SM activity (GPM, percent); None where the GPU does not measure it."""
+    return g.metric("sm_active")
+
+
+def by_utilisation_alone(gpus: list[GpuLine]) -> str:
+    """What a message adds when it rests on utilisation alone (no SM activity measured)."""
+    if gpus and all(sm(g) is None for g in gpus):
+        return (" This rests on utilisation alone: SM activity is not measured on "
+                f"{'this GPU' if len(gpus) == 1 else 'these GPUs'}.")
+    return ""
+
+
+def node_share(report: JobReport) -> dict[str, float] | None:
+    """Per GPU of the job's nodes, from Slurm's node config: cores and MiB of memory (the
+    smallest over its nodes); None when Slurm's node sizes are not known."""
+    shares = [s for s in (report.node_shares.get(n) for n in {g.node for g in report.gpus}
+                          or report.node_shares) if s and s.get("gpus")]
+    if not shares:
+        return None
+    return {"cpus": min(s.get("cpus", 0) / s["gpus"] for s in shares),
+            "mem_mb": min(s.get("mem_mb", 0) / s["gpus"] for s in shares),
+            "gpus": float(min(s["gpus"] for s in shares))}
+
+
+def interactive(report: JobReport) -> bool:
+    """An interactive session (no batch step), known as such; None (unknown) is not."""
+    return getattr(report.job, "interactive", None) is True
+
+
+def mem_peak(g: GpuLine) -> float:
+    return g.mem_used_max_bytes or 0.0
+
+
+def used(report: JobReport, p: dict[str, float]) -> list[GpuLine]:
+    """The GPUs that did work: measured at or over idle_pct, and still on the bus."""
+    return [g for g in report.gpus
+            if g.util_mean is not None and g.util_mean >= p["idle_pct"] and not lost(g)]
+
+
+USE_THE_GPU = {
+    "pytorch": "check that torch.cuda.is_available() is True inside the job and that the model and "
+               "tensors are moved to the GPU (.to(\"cuda\"))",
+    "tensorflow": "check that tf.config.list_physical_devices(\"GPU\") lists the GPU inside the job",
+    "jax": "check that jax.devices() lists the GPU inside the job (a CPU-only jaxlib falls back silently)",
+}
+USE_THE_GPU_NEUTRAL = ("check that the program was built with GPU support and told to use it (its GPU "
+                       "option or input setting), and run nvidia-smi inside the job")
+
+
+def gpu_use(gpus: list[GpuLine]) -> tuple[float, str] | None:
+    """How much the GPUs were used: mean SM activity where every one measures it (the
+    better signal), else mean utilisation; with which it was. None: neither measured."""
+    gpus = [g for g in gpus if not lost(g)]
+    if gpus and all(sm(g) is not None for g in gpus):
+        return mean(sm(g) or 0.0 for g in gpus), "SM activity"
+    utils = [g.util_mean for g in gpus if g.util_mean is not None]
+    return (mean(utils), "utilisation") if utils else None

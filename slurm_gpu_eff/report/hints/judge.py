@@ -9,6 +9,8 @@ from .catalogue import RULES
 from .core import GOOD_UTIL_PCT, RANK, lost, mean
 from .settings import HintSettings
 
+GATE = "too_early"  # its hint, when given, is the user's only one (host.py)
+
 
 def evaluate(report: JobReport, settings: HintSettings | None = None) -> list[Hint]:
     """Every enabled rule's hints for the job: critical first, then by GPU-hours saved."""
@@ -22,6 +24,8 @@ def evaluate(report: JobReport, settings: HintSettings | None = None) -> list[Hi
             continue
         view = report if len(gpus) == len(report.gpus) else replace(report, gpus=gpus)
         found.extend((order, settings.apply(h)) for h in rule.check(view, settings.params_for(rule)))
+    if any(h.id == GATE for _, h in found):  # a failed or just-started run: no judgement of the user
+        found = [(order, h) for order, h in found if h.id == GATE or h.audience != "user"]
     found.sort(key=lambda item: (RANK[item[1].severity], item[1].savings_gpu_hours is None,
                                  -(item[1].savings_gpu_hours or 0.0), item[0]))
     return [hint for _, hint in found]
@@ -33,7 +37,10 @@ def verdict(report: JobReport, hints: list[Hint]) -> str:
     admin = [h for h in hints if h.audience != "user"]
     so_far = " so far" if report.job.running else ""
     serious = [h for h in user if h.severity != "info"]
-    if serious:
+    gate = next((h for h in user if h.id == GATE), None)
+    if gate is not None:
+        text = f"No verdict{so_far}: {gate.message}"
+    elif serious:
         label = "Poor" if serious[0].severity == "critical" else "Needs attention"
         head = serious[0].message.split(": ", 1)[0].rstrip(".")
         more = len(serious) - 1
