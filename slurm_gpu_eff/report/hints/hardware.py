@@ -58,12 +58,13 @@ def _hardware(report: JobReport, p: dict[str, float]) -> list[Hint]:
 RULES: tuple[Rule, ...] = (
     Rule(
         "hardware", "Hardware problems (for the admins)",
-        "Clock slowdowns for hardware or thermal reasons or a power brake over 5% of the time, XID "
+        "Clock slowdowns for hardware or thermal reasons or a power brake over 5% of the time "
+        "(ours), XID "
         "errors, uncorrected ECC errors and a GPU lost from the bus are the node's problem, not the "
         "user's: they go to the admins, are left out of the user's verdict, and a lost GPU is left "
         "out of the idle and utilisation rules. Power-cap slowdown is normal under load and is not "
-        "flagged. XIDs 13, 31, 43 and 45 usually come from the job's own code, so they alone are a "
-        "warning, not critical.",
+        "flagged. XIDs 13, 31, 43 and 45 usually come from the job's own code (NVIDIA's "
+        "k8s-device-plugin counts them as application errors), so they alone are a warning.",
         {"throttle_fraction": 0.05}, (), _hardware, audience="admin",
         evidence=("node", "minor", "uuid", "throttle_pct", "xids", "ecc_uncorrected", "lost_at", "faults"),
     ),

@@ -249,18 +249,18 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "time_limit", "Time limit far above the run time",
-        "A job that used under a quarter of its time limit asked for far more than it needed; "
-        "shorter limits let the scheduler backfill the job sooner. The suggestion is the run time "
-        "times 1.5 (headroom), rounded up to 5 minutes. Completed jobs only: a failed run says "
-        "nothing about how long the work takes.",
+        "A job that used under a quarter of its time limit (ours; Princeton's jobstats flags under "
+        "60%, for runs over 15 minutes) asked for far more than it needed; shorter limits backfill "
+        "sooner. The suggestion is the run time times 1.5 (ours, headroom), rounded up to 5 "
+        "minutes. Completed jobs only: a failed run says nothing about how long the work takes.",
         {"time_fraction": 0.25, "headroom": 1.5}, (), _time_limit,
         evidence=("elapsed_s", "timelimit_s", "time_used_pct", "suggested_time_s"),
     ),
     Rule(
         "short_job", "Job too short to be worth a GPU",
-        "Under 5 minutes, starting Python, loading libraries and data and warming the GPU up cost as "
-        "much as the work itself, and the scheduler's overhead per job weighs more. Completed jobs "
-        "only.",
+        "Under 5 minutes (Princeton's jobstats line for short jobs), starting Python, loading "
+        "libraries and data and warming the GPU up cost as much as the work itself, and the "
+        "scheduler's overhead per job weighs more. Completed jobs only.",
         {"short_s": 300.0}, (), _short_job, evidence=("elapsed_s", "short_s", "gpus_allocated"),
     ),
 )
