@@ -78,10 +78,11 @@ def _runs(summaries: list[NodeSummary]) -> str:
 
 def build_report(
     job: SlurmJob, summaries: list[NodeSummary], settings: HintSettings | None = None,
-    unavailable: str = "",
+    unavailable: str = "", node_shares: dict[str, dict[str, int]] | None = None,
 ) -> JobReport:
     """Join accounting and summaries, then judge them (hints, verdict); raises NoGpus /
-    NoSummary when there is nothing to show (`unavailable`: why, when the caller knows)."""
+    NoSummary when there is nothing to show (`unavailable`: why, when the caller knows).
+    `node_shares`: node -> {"cpus", "mem_mb", "gpus"} from Slurm's node config, if known."""
     summaries, earlier = this_run(job, summaries)
     if not summaries:
         if earlier:
@@ -127,10 +128,17 @@ def build_report(
                          "sampled: its GPUs were not used, whichever they are")
     until = max((s.sampled_until for s in summaries if s.sampled_until), default=None)
     report = JobReport(job, _status(job, summaries, missing_nodes), gpus, missing_nodes, notes, until,
-                       binding=binding)
+                       binding=binding, frameworks=_frameworks(summaries),
+                       node_shares=dict(node_shares or {}))
     report.hints = evaluate(report, settings)
     report.verdict = verdict(report, report.hints)
     return report
+
+
+def _frameworks(summaries: list[NodeSummary]) -> list[str] | None:
+    """The frameworks seen on any node; None when no node looked (samplers before this)."""
+    seen = [s.frameworks for s in summaries if s.frameworks is not None]
+    return None if not seen else sorted({name for names in seen for name in names})
 
 
 def _shared_note(g: GpuLine) -> str:

@@ -149,6 +149,11 @@ class JobReport:
     # node -> {"status", "evidence"}: whether the GPUs measured were the job's own
     binding: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str = ""  # where the figures came from: "accounting" (AdminComment) or "store"
+    # Frameworks seen in the job's GPU processes, over its nodes ("pytorch", "tensorflow",
+    # "jax", "cuda" = CUDA alone); [] seen but none recognised; None not looked at.
+    frameworks: list[str] | None = None
+    # node -> {"cpus", "mem_mb", "gpus"}: the node's size from Slurm's config; {} unknown
+    node_shares: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def binding_status(self) -> str:
@@ -273,12 +278,23 @@ class Hint:
     fix: str  # the #SBATCH line or code change to make
     savings_gpu_hours: float | None  # on this job; None when it cannot be said
     link: str | None = None  # the site's documentation, from the config
+    # "measured": GPU-hours measured idle ("would have saved"); "estimated": a bound or a
+    # guess ("up to"), with `savings_how` saying how it was worked out
+    savings_kind: str | None = None
+    savings_how: str | None = None
+
+    @property
+    def savings(self) -> dict[str, Any] | None:
+        if self.savings_gpu_hours is None:
+            return None
+        return {"gpu_hours": self.savings_gpu_hours, "kind": self.savings_kind or "estimated",
+                "how": self.savings_how or ""}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "severity": self.severity, "audience": self.audience,
             "message": self.message, "evidence": self.evidence, "fix": self.fix,
-            "savings_gpu_hours": self.savings_gpu_hours, "link": self.link,
+            "savings_gpu_hours": self.savings_gpu_hours, "savings": self.savings, "link": self.link,
         }
 
 

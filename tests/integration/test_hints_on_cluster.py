@@ -72,6 +72,7 @@ def util_tolerance(cluster: Cluster, ran: Ran) -> float:
 def check_idle(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     assert hint["evidence"]["gpus_idle"] == 1 and hint["evidence"]["gpus_never_opened"] == 1
     assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h, abs=0.001)
+    assert hint["savings"]["kind"] == "measured"
     assert "--gres=gpu:1" in hint["fix"] or "--gpus=1" in hint["fix"]
 
 
@@ -79,7 +80,8 @@ def check_low(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     util = cluster.truth(ran.job_id, ran.node, 10)
     assert hint["severity"] == "critical"
     assert abs(hint["evidence"]["util_mean_pct"] - util) <= util_tolerance(cluster, ran)
-    assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h * (1 - util / 80), abs=0.0015)
+    assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h * (1 - util / 100), abs=0.0015)
+    assert hint["savings"]["kind"] == "estimated"
 
 
 def check_falsely_busy(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
@@ -93,8 +95,10 @@ def check_tensor(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     fp32 = cluster.truth(ran.job_id, ran.node, 60)
     assert abs(hint["evidence"]["fp32_active_mean_pct"] - fp32) <= 1.0
     assert hint["evidence"]["tensor_active_mean_pct"] == 0
-    assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h * fp32 / 100 * 0.5, abs=0.0015)
-    assert "bfloat16" in hint["fix"]
+    if hint["severity"] == "warning":  # a deep-learning framework seen: its fix, a rough estimate
+        assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h * fp32 / 100 * 0.5, abs=0.0015)
+    else:  # framework unknown: a neutral note, no savings
+        assert hint["savings_gpu_hours"] is None and "bf16" in hint["fix"]
 
 
 def check_dram(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
@@ -111,13 +115,13 @@ def check_mem_high(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
 
 
 def check_pcie(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
-    truth = cluster.truth(ran.job_id, ran.node, 16000)
-    assert hint["evidence"]["pcie_mean_mib_s"] == pytest.approx(truth, rel=0.01)
+    truth = cluster.truth(ran.job_id, ran.node, 32000)
+    assert hint["evidence"]["pcie_busiest_direction_mib_s"] == pytest.approx(truth, rel=0.01)
 
 
 def check_nvlink(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
-    truth = cluster.truth(ran.job_id, ran.node, 140000)
-    assert hint["evidence"]["nvlink_mean_mib_s"] == pytest.approx(truth, rel=0.01)
+    truth = cluster.truth(ran.job_id, ran.node, 230000)
+    assert hint["evidence"]["nvlink_busiest_direction_mib_s"] == pytest.approx(truth, rel=0.01)
 
 
 def check_spread(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
@@ -127,8 +131,9 @@ def check_spread(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
 
 def check_cpu(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
     assert hint["evidence"]["cpu_efficiency_pct"] == pytest.approx(ran.data["cpu_efficiency"], abs=0.1)
-    util = cluster.truth(ran.job_id, ran.node, 30)
-    assert abs(hint["evidence"]["util_mean_pct"] - util) <= util_tolerance(cluster, ran)
+    sm = cluster.truth(ran.job_id, ran.node, 25)  # GPM: judged by SM activity
+    assert hint["evidence"]["gpu_use_basis"] == "SM activity"
+    assert abs(hint["evidence"]["gpu_use_pct"] - sm) <= 1.0
     assert "--cpus-per-gpu" in hint["fix"]
 
 
@@ -170,17 +175,21 @@ CASES = {
                                 check=check_tensor),
     "tensor_cores_unused-near": Case("tensor_cores_unused", False, busy(fp32_active=60, tensor_active=5)),
     "memory_bound": Case("memory_bound", True, busy(dram_active=95, sm_active=30), check=check_dram),
-    "memory_bound-near": Case("memory_bound", False, busy(dram_active=65, sm_active=30)),
-    "gpu_memory-low": Case("gpu_memory", True, busy(mem_used_gib=5), check=check_mem_low),
+    "memory_bound-near": Case("memory_bound", False, busy(dram_active=55, sm_active=30)),
+    # a MIG candidate needs little memory, low use and few cores (Princeton's three tests)
+    "gpu_memory-low": Case("gpu_memory", True, busy(mem_used_gib=5, util=15, sm_active=12),
+                           check=check_mem_low),
     "gpu_memory-high": Case("gpu_memory", True, busy(mem_used_gib=78), check=check_mem_high),
     "gpu_memory-near": Case("gpu_memory", False, busy(mem_used_gib=74)),
-    "pcie_bound": Case("pcie_bound", True, busy(pcie_rx_mbps=10000, pcie_tx_mbps=6000, sm_active=30),
+    # per direction, against half the link (PCIe Gen5 x16, 450 GB/s NVLink where the GPU
+    # reports no link): one busy direction fires, both directions just under it do not
+    "pcie_bound": Case("pcie_bound", True, busy(pcie_rx_mbps=32000, pcie_tx_mbps=6000, sm_active=30),
                        check=check_pcie),
-    "pcie_bound-near": Case("pcie_bound", False, busy(pcie_rx_mbps=6000, pcie_tx_mbps=4000, sm_active=30)),
+    "pcie_bound-near": Case("pcie_bound", False, busy(pcie_rx_mbps=28000, pcie_tx_mbps=28000, sm_active=30)),
     "nvlink_bound": Case("nvlink_bound", True,
-                         busy(nvlink_rx_mbps=80000, nvlink_tx_mbps=60000, sm_active=30), check=check_nvlink),
+                         busy(nvlink_rx_mbps=230000, nvlink_tx_mbps=60000, sm_active=30), check=check_nvlink),
     "nvlink_bound-near": Case("nvlink_bound", False,
-                              busy(nvlink_rx_mbps=50000, nvlink_tx_mbps=30000, sm_active=30)),
+                              busy(nvlink_rx_mbps=200000, nvlink_tx_mbps=200000, sm_active=30)),
     "spread_nodes": Case("spread_nodes", True, busy(), ("-N", "2", "--gres=gpu:1", "-w", "gpu[1-2]"),
                          runner="srun", check=check_spread),
     "spread_nodes-near": Case("spread_nodes", False, busy(), ("-N", "1", "--gres=gpu:2", "-w", "gpu2")),

@@ -68,12 +68,18 @@ def job_report(make_job: Callable[..., Any], make_summary: Callable[..., model.N
                gpu: Callable[..., model.GpuSummary]) -> Callable[..., JobReport]:
     """A finished job with these GPUs (default: one healthy), one node summary per node."""
 
-    def build(gpus: list[model.GpuSummary] | None = None, **job: Any) -> JobReport:
+    def build(gpus: list[model.GpuSummary] | None = None, frameworks: list[str] | None = None,
+              node_shares: dict[str, dict[str, int]] | None = None, interactive: bool | None = None,
+              **job: Any) -> JobReport:
         gpus = gpus if gpus is not None else [gpu()]
         nodes = list(dict.fromkeys(g.node for g in gpus))
         values = {"gpus": len(gpus), "nnodes": len(nodes), "nodelist": ",".join(nodes), **job}
-        summaries = [make_summary(node=n, gpus=[g for g in gpus if g.node == n]) for n in nodes]
-        return build_report(make_job(**values), summaries)
+        summaries = [make_summary(node=n, gpus=[g for g in gpus if g.node == n], frameworks=frameworks)
+                     for n in nodes]
+        slurm_job = make_job(**values)
+        if interactive is not None:  # SlurmJob.interactive comes with the Slurm layer's change
+            object.__setattr__(slurm_job, "interactive", interactive)
+        return build_report(slurm_job, summaries, node_shares=node_shares)
 
     return build
 
@@ -95,11 +101,12 @@ def one(report: JobReport, rule: str, settings: HintSettings | None = None, **wh
 
 
 def test_one_of_two_gpus_never_opened(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(), gpu(minor=1, util=2.0, processes_max=0)]), "idle_gpus")
+    hint = one(job_report([gpu(), gpu(minor=1, util=2.0, processes_max=0, mem_used=0)]), "idle_gpus")
     assert (hint.severity, hint.audience, hint.fix) == ("warning", "user", "#SBATCH --gres=gpu:1")
     assert hint.evidence["gpus_allocated"] == 2 and hint.evidence["gpus_idle"] == 1
-    assert hint.evidence["gpus"] == [{"node": "gpu1", "minor": 1, "util_mean_pct": 2.0, "opened": False}]
-    assert hint.savings_gpu_hours == 1 * H
+    assert hint.evidence["gpus"] == [{"node": "gpu1", "minor": 1, "util_mean_pct": 2.0, "opened": False,
+                                      "mem_peak_gib": 0.0}]
+    assert hint.savings_gpu_hours == 1 * H and hint.savings_kind == "measured"
     assert hint.message.startswith("1 of 2 GPUs sat idle:") and "never opened" in hint.message
 
 
@@ -113,16 +120,17 @@ def test_a_gpu_at_the_idle_threshold_is_not_idle(job_report: Reports, gpu: Gpus)
 
 
 def test_a_single_idle_gpu_is_critical_with_its_whole_time(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(util=0.4)], elapsed_s=5400), "idle_gpus")
+    hint = one(job_report([gpu(util=0.4, mem_used=GIB)], elapsed_s=5400), "idle_gpus")
     assert hint.severity == "critical" and hint.savings_gpu_hours == 1.5
     assert "CPU job" in hint.fix and hint.message.startswith("The GPU sat idle")
 
 
 def test_multi_node_idle_gpus_fix_is_per_node(job_report: Reports, gpu: Gpus) -> None:
-    gpus = [gpu(node=n, minor=m, util=1.0 if m == 1 else 95.0) for n in ("gpu1", "gpu2") for m in (0, 1)]
+    gpus = [gpu(node=n, minor=m, util=1.0 if m == 1 else 95.0, mem_used=GIB if m == 1 else 56 * GIB)
+            for n in ("gpu1", "gpu2") for m in (0, 1)]
     hint = one(job_report(gpus), "idle_gpus")
     assert hint.fix.startswith("#SBATCH --gres=gpu:1 (per node") and hint.savings_gpu_hours == 2 * H
-    uneven = [gpu(node=n, minor=m, util=1.0 if (n, m) == ("gpu2", 1) else 95.0)
+    uneven = [gpu(node=n, minor=m, util=1.0 if (n, m) == ("gpu2", 1) else 95.0, mem_used=GIB)
               for n in ("gpu1", "gpu2") for m in (0, 1)]
     assert one(job_report(uneven), "idle_gpus").fix.startswith("#SBATCH --gpus=3 ")
 
@@ -140,8 +148,9 @@ def test_steady_low_utilisation(job_report: Reports, gpu: Gpus, util: float, sev
     hint = one(job_report([gpu(util=util, sm_active=None)]), "low_util")
     assert hint.severity == severity and hint.evidence["pattern"] == "steady"
     assert hint.evidence["util_mean_pct"] == util
-    assert hint.savings_gpu_hours == round(1 * H * (1 - util / 80), 3)
-    assert "batch size" in hint.fix and "80%" in hint.fix
+    assert hint.savings_gpu_hours == round(1 * H * (1 - util / 100), 3) and hint.savings_kind == "estimated"
+    assert "larger batch" in hint.fix and "nsys profile" in hint.fix
+    assert "rests on utilisation alone" in hint.message
 
 
 def test_utilisation_at_the_warning_threshold_is_not_low(job_report: Reports, gpu: Gpus) -> None:
@@ -165,11 +174,13 @@ def test_idle_edges_of_exactly_the_edge_fraction_are_not_staging(job_report: Rep
 
 def test_alternating_busy_and_idle_means_a_starving_input_pipeline(job_report: Reports, gpu: Gpus) -> None:
     hist = [2800.0, 0, 0, 0, 0, 0, 0, 0, 0, 800.0]
-    hint = one(job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=4), "low_util")
+    torch = ["pytorch"]
+    hint = one(job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=4, frameworks=torch), "low_util")
     assert hint.evidence["pattern"] == "periodic"
     assert (hint.evidence["low_time_pct"], hint.evidence["high_time_pct"]) == (77.8, 22.2)
     assert "num_workers=3" in hint.fix and "pin_memory=True" in hint.fix and "cpus-per-gpu" not in hint.fix
-    few_cpus = one(job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=2), "low_util")
+    few_cpus = one(job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=2, frameworks=["pytorch"]),
+                   "low_util")
     assert "num_workers=3" in few_cpus.fix and "#SBATCH --cpus-per-gpu=4" in few_cpus.fix
 
 
@@ -191,45 +202,44 @@ def test_a_timeline_that_switches_is_periodic(job_report: Reports, gpu: Gpus) ->
 def test_low_util_leaves_idle_gpus_out_of_its_mean(job_report: Reports, gpu: Gpus) -> None:
     hint = one(job_report([gpu(util=20.0), gpu(minor=1, util=1.0)]), "low_util")
     assert hint.evidence["util_mean_pct"] == 20.0 and hint.evidence["gpus_concerned"] == 1
-    assert hint.savings_gpu_hours == round(H * (1 - 20 / 80), 3)
+    assert hint.savings_gpu_hours == round(H * (1 - 20 / 100), 3)
 
 
 # --- falsely_busy ---------------------------------------------------------------------------
 
 
 def test_busy_with_few_active_sms(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(util=95.0, sm_active=40.0)]), "falsely_busy")
-    assert hint.severity == "warning" and hint.evidence["proxy"] == "sm_active"
+    hint = one(job_report([gpu(util=95.0, sm_active=40.0)], frameworks=["pytorch"]), "falsely_busy")
+    assert hint.severity == "warning" and hint.evidence["cause"] == "small_kernels"
     assert (hint.evidence["util_mean_pct"], hint.evidence["sm_active_mean_pct"]) == (95.0, 40.0)
-    assert hint.savings_gpu_hours == round(H * (1 - 40 / 95), 3)
+    assert hint.savings_gpu_hours == round(H * (1 - 40 / 95), 3) and hint.savings_kind == "estimated"
     assert "CUDA graphs" in hint.fix and "torch.compile" in hint.fix
-    assert one(job_report([gpu(util=60.0, sm_active=49.9)]), "falsely_busy").evidence["util_mean_pct"] == 60.0
+    # relative to utilisation: at 60%, SM activity under 0.6 of it (36%) is needed
+    assert one(job_report([gpu(util=60.0, sm_active=35.9)]), "falsely_busy").evidence["util_mean_pct"] == 60.0
 
 
-@pytest.mark.parametrize("util, sm", [(95.0, 50.0), (59.9, 20.0)])
+@pytest.mark.parametrize("util, sm", [(95.0, 50.0), (59.9, 20.0), (60.0, 36.0)])
 def test_not_falsely_busy_across_either_threshold(
     job_report: Reports, gpu: Gpus, util: float, sm: float,
 ) -> None:
     assert "falsely_busy" not in ids(job_report([gpu(util=util, sm_active=sm)]))
 
 
-def test_without_gpm_power_is_the_proxy_and_says_so(job_report: Reports, gpu: Gpus) -> None:
+def test_without_gpm_nothing_is_said_of_busy_gpus(job_report: Reports, gpu: Gpus) -> None:
+    # power alone cannot tell small kernels from an NCCL wait: no guess from it any more
     no_gpm = dict.fromkeys(NO_GPM)
-    hint = one(job_report([gpu(util=90.0, power=270.0, **no_gpm)]), "falsely_busy")
-    assert hint.evidence["proxy"] == "power"
-    assert hint.evidence["power_pct_of_limit"] == round(100 * 270 / 700, 1)
-    assert "power is the proxy" in hint.message and hint.savings_gpu_hours is None
-    assert "falsely_busy" not in ids(job_report([gpu(util=90.0, power=280.0, **no_gpm)]))  # 40%: not below
+    assert "falsely_busy" not in ids(job_report([gpu(util=90.0, power=100.0, **no_gpm)]))
 
 
 # --- tensor cores, memory-bound, PCIe, NVLink -----------------------------------------------
 
 
 def test_fp32_without_tensor_cores(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(fp32_active=30.0, tensor_active=0.5)]), "tensor_cores_unused")
+    hint = one(job_report([gpu(fp32_active=30.0, tensor_active=0.5)], frameworks=["pytorch"]),
+               "tensor_cores_unused")
     assert (hint.evidence["fp32_active_mean_pct"], hint.evidence["tensor_active_mean_pct"]) == (30.0, 0.5)
-    assert hint.savings_gpu_hours == round(H * 30 / 100 * 0.5, 3)
-    assert "estimate" in hint.evidence["savings_note"]
+    assert hint.savings_gpu_hours == round(H * 30 / 100 * 0.5, 3) and hint.savings_kind == "estimated"
+    assert "rough" in (hint.savings_how or "")
     assert "torch.bfloat16" in hint.fix and hint.severity == "warning"
 
 
@@ -239,15 +249,22 @@ def test_tensor_cores_near_misses(job_report: Reports, gpu: Gpus, fp32: float, t
 
 
 def test_memory_bound(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(dram_active=70.0, sm_active=40.0)]), "memory_bound")
-    assert hint.severity == "info" and hint.savings_gpu_hours is None
-    assert (hint.evidence["dram_active_mean_pct"], hint.evidence["sm_active_mean_pct"]) == (70.0, 40.0)
-    assert "memory_bound" not in ids(job_report([gpu(dram_active=69.9, sm_active=40.0)]))
-    assert "memory_bound" not in ids(job_report([gpu(dram_active=75.0, sm_active=50.0)]))
+    hint = one(job_report([gpu(dram_active=60.0, sm_active=40.0)]), "memory_bound")
+    assert hint.severity == "info" and hint.savings_gpu_hours is None and hint.evidence["kind"] == "copies"
+    assert (hint.evidence["dram_active_mean_pct"], hint.evidence["sm_active_mean_pct"]) == (60.0, 40.0)
+    assert "memory_bound" not in ids(job_report([gpu(dram_active=59.9, sm_active=40.0)]))
+    # memory-stalled warps count as SM-active: high SM activity no longer hides it
+    kernels = one(job_report([gpu(dram_active=75.0, sm_active=90.0)]), "memory_bound")
+    assert kernels.evidence["kind"] == "kernels" and "wait on memory" in kernels.message
 
 
-@pytest.mark.parametrize("kind, high, low", [("pcie", (8000.0, 5000.0), (6000.0, 6000.0)),
-                                             ("nvlink", (60000.0, 50000.0), (50000.0, 50000.0))])
+# half the link one way: PCIe Gen5 x16 (assumed, no link reported) 63.01 GB/s, 450 GB/s NVLink
+PCIE_HALF = 0.5 * 16 * 3.938e9 / 2**20
+NVLINK_HALF = 0.5 * 450e9 / 2**20
+
+
+@pytest.mark.parametrize("kind, high, low", [("pcie", (PCIE_HALF, 100.0), (PCIE_HALF - 1, PCIE_HALF - 1)),
+                                             ("nvlink", (100.0, NVLINK_HALF), (NVLINK_HALF - 1, 100.0))])
 def test_transfer_bound(
     job_report: Reports, gpu: Gpus, kind: str, high: tuple[float, float], low: tuple[float, float],
 ) -> None:
@@ -255,27 +272,36 @@ def test_transfer_bound(
         return job_report([gpu(sm_active=40.0, **{f"{kind}_rx_mbps": rx_tx[0], f"{kind}_tx_mbps": rx_tx[1]})])
 
     hint = one(traffic(high), f"{kind}_bound")
-    assert hint.evidence[f"{kind}_mean_mib_s"] == sum(high) and hint.evidence["sm_active_mean_pct"] == 40.0
+    assert hint.evidence[f"{kind}_busiest_direction_mib_s"] == round(max(high))
+    assert hint.evidence["link_used_pct"] == 50.0 and hint.evidence["link_source"] == "assumed"
     assert hint.severity == "warning" and hint.savings_gpu_hours is None
-    assert f"{kind}_bound" not in ids(traffic(low))  # exactly at the threshold
+    assert "fewer GPUs" not in hint.fix and "assumed" in hint.message
+    assert f"{kind}_bound" not in ids(traffic(low))  # just under half the link, each way
 
 
 # --- gpu_memory -----------------------------------------------------------------------------
 
 
 def test_little_gpu_memory_suggests_a_smaller_gpu(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(mem_used=15 * GIB)]), "gpu_memory")
+    small = gpu(mem_used=8 * GIB, util=15.0, sm_active=12.0)
+    hint = one(job_report([small]), "gpu_memory")
     assert hint.severity == "info" and hint.savings_gpu_hours is None
     assert (hint.evidence["mem_peak_gib"], hint.evidence["mem_total_gib"], hint.evidence["mem_peak_pct"]) == \
-        (15.0, 80.0, 18.8)
-    assert hint.evidence["mem_needed_gib"] == math.ceil(15 * 1.25) and "at least 19 GiB" in hint.fix
-    assert "gpu_memory" not in ids(job_report([gpu(mem_used=20 * GIB)]))  # exactly a quarter
+        (8.0, 80.0, 10.0)
+    assert hint.evidence["mem_needed_gib"] == 10 and "at least 10 GiB" in hint.fix
+    # Princeton's three conditions: memory alone (a busy GPU) or many cores is no MIG candidate
+    assert "gpu_memory" not in ids(job_report([gpu(mem_used=8 * GIB)]))
+    assert "gpu_memory" not in ids(job_report([gpu(mem_used=8 * GIB, util=15.0, sm_active=21.0)]))
+    assert "gpu_memory" not in ids(job_report([gpu(mem_used=11 * GIB, util=15.0, sm_active=12.0)]))
+    assert "gpu_memory" not in ids(job_report([small], ncpus=16))
 
 
 def test_nearly_full_gpu_memory_is_an_oom_risk(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(mem_used=76 * GIB)]), "gpu_memory")
+    hint = one(job_report([gpu(mem_used=76 * GIB)], frameworks=["pytorch"]), "gpu_memory")
     assert hint.severity == "warning" and hint.evidence["mem_peak_pct"] == 95.0
     assert "gradient checkpointing" in hint.fix
+    neutral = one(job_report([gpu(mem_used=76 * GIB)]), "gpu_memory")
+    assert "torch" not in neutral.fix and "smaller batch" in neutral.fix
     assert "gpu_memory" not in ids(job_report([gpu(mem_used=75.9 * GIB)]))
 
 
@@ -295,11 +321,11 @@ def cpu_job(fraction: float, ncpus: int = 4) -> dict[str, Any]:
 
 
 def test_saturated_cpus_starving_gpu(job_report: Reports, gpu: Gpus) -> None:
-    hint = one(job_report([gpu(util=30.0)], **cpu_job(0.95)), "cpu_side", severity="warning")
-    assert (hint.evidence["cpu_efficiency_pct"], hint.evidence["util_mean_pct"]) == (95.0, 30.0)
+    hint = one(job_report([gpu(util=30.0, sm_active=None)], **cpu_job(0.95)), "cpu_side", severity="warning")
+    assert (hint.evidence["cpu_efficiency_pct"], hint.evidence["gpu_use_pct"]) == (95.0, 30.0)
     assert hint.fix.startswith("#SBATCH --cpus-per-gpu=8")  # 4 CPUs for 1 GPU, doubled
-    assert "cpu_side" not in ids(job_report([gpu(util=30.0)], **cpu_job(0.90)))
-    assert "cpu_side" not in ids(job_report([gpu(util=50.0)], **cpu_job(0.95)))
+    assert "cpu_side" not in ids(job_report([gpu(util=30.0, sm_active=None)], **cpu_job(0.90)))
+    assert "cpu_side" not in ids(job_report([gpu(util=50.0, sm_active=None)], **cpu_job(0.95)))
 
 
 def test_idle_cpus_suggest_fewer(job_report: Reports, gpu: Gpus) -> None:
@@ -310,14 +336,14 @@ def test_idle_cpus_suggest_fewer(job_report: Reports, gpu: Gpus) -> None:
     assert "cpu_side" not in ids(job_report([gpu(), gpu(minor=1)], **cpu_job(0.10, ncpus=32)))
     assert "cpu_side" not in ids(job_report([gpu(), gpu(minor=1)], **cpu_job(0.05, ncpus=4)))
     # a starving GPU needs those CPUs for DataLoader workers: low_util says so, cpu_side stays quiet
-    starving = job_report([gpu(util=20.0), gpu(minor=1, util=20.0)], **cpu_job(0.05, ncpus=32))
+    starving = job_report([gpu(util=20.0, sm_active=15.0), gpu(minor=1, util=20.0, sm_active=15.0)],
+                          **cpu_job(0.05, ncpus=32))
     assert "low_util" in ids(starving) and "cpu_side" not in ids(starving)
 
 
 @pytest.mark.parametrize("alloc, rss, mem", [
-    (64 * GIB, 6 * GIB, "8G"),
-    (4000 * MIB, 500 * MIB, "1G"),  # 625M, raised to the 1 GiB floor
-    (8000 * MIB, 900 * MIB, "2G"),  # 1125M rounds up to whole GiB
+    (64 * GIB, 6 * GIB, "8G"),  # 7.2 GiB, raised to the 8 GiB floor
+    (64 * GIB, 10 * GIB, "12G"),  # 1.2 x the peak, rounded up to whole GiB
 ])
 def test_memory_over_requested(job_report: Reports, alloc: int, rss: int, mem: str) -> None:
     hint = one(job_report(alloc_mem_bytes=alloc, max_rss_bytes=rss), "cpu_side")
@@ -326,12 +352,12 @@ def test_memory_over_requested(job_report: Reports, alloc: int, rss: int, mem: s
 
 
 def test_memory_suggestion_never_goes_under_the_floor(job_report: Reports) -> None:
-    # 200 MiB asked, 5 MiB used: the floor (1 GiB) is above the request, so no hint at all
-    assert "cpu_side" not in ids(job_report(alloc_mem_bytes=200 * MIB, max_rss_bytes=5 * MIB))
+    # 8000 MiB asked, 900 MiB used: the floor (8 GiB) is above the request, so no hint at all
+    assert "cpu_side" not in ids(job_report(alloc_mem_bytes=8000 * MIB, max_rss_bytes=900 * MIB))
 
 
 def test_memory_at_the_threshold_and_running_jobs_get_no_cpu_side_hint(job_report: Reports) -> None:
-    assert "cpu_side" not in ids(job_report(alloc_mem_bytes=4000 * MIB, max_rss_bytes=1000 * MIB))
+    assert "cpu_side" not in ids(job_report(alloc_mem_bytes=64 * GIB, max_rss_bytes=16 * GIB))
     assert "cpu_side" not in ids(job_report(state="RUNNING", max_rss_bytes=10 * MIB, **cpu_job(0.01, 32)))
 
 
@@ -432,19 +458,21 @@ def test_mig_slices_without_utilisation_get_no_utilisation_hints(job_report: Rep
 
 
 def test_hints_are_sorted_by_severity_then_savings(job_report: Reports, gpu: Gpus) -> None:
-    report = job_report([gpu(util=1.0, ecc_uncorrected=1), gpu(minor=1, fp32_active=30.0, tensor_active=0.0),
-                         gpu(minor=2, sm_active=30.0)], elapsed_s=3000, timelimit_s=86400)
+    report = job_report([gpu(util=1.0, ecc_uncorrected=1, mem_used=0), gpu(minor=1, fp32_active=30.0,
+                         tensor_active=0.0), gpu(minor=2, util=59.0, sm_active=30.0)],
+                        elapsed_s=3000, timelimit_s=86400, frameworks=["pytorch"])
     hints = evaluate(report)
     assert [(h.id, h.savings_gpu_hours) for h in hints] == [
         ("hardware", None), ("idle_gpus", round(3000 / 3600, 3)),
-        ("falsely_busy", round(3000 / 3600 * (1 - 30 / 95), 3)),
+        ("imbalance", round(2 * 3000 / 3600 * (1 - (85 + 30) / 2 / 85), 3)),
+        ("low_sm", round(3000 / 3600 * (1 - 30 / 80), 3)),
         ("tensor_cores_unused", round(3000 / 3600 * 0.3 * 0.5, 3)), ("time_limit", None)]
 
 
 def test_verdict_names_the_worst_finding(job_report: Reports, gpu: Gpus) -> None:
     report = job_report([gpu(), gpu(minor=1, util=2.0)])
     assert verdict(report, evaluate(report)) == "Needs attention: 1 of 2 GPUs sat idle; see the hints below."
-    two = job_report([gpu(), gpu(minor=1, util=2.0), gpu(minor=2, sm_active=30.0)])
+    two = job_report([gpu(), gpu(minor=1, util=2.0), gpu(minor=2, util=60.0, sm_active=45.0)])
     assert verdict(two, evaluate(two)).startswith(
         "Needs attention: 1 of 3 GPUs sat idle (and 1 more finding);")
     idle = job_report([gpu(util=1.0)])
@@ -457,7 +485,9 @@ def test_verdict_names_the_worst_finding(job_report: Reports, gpu: Gpus) -> None
 def test_hint_to_dict(job_report: Reports, gpu: Gpus) -> None:
     data = one(job_report([gpu(util=20.0)]), "low_util").to_dict()
     assert list(data) == ["id", "severity", "audience", "message", "evidence", "fix", "savings_gpu_hours",
-                          "link"]
+                          "savings", "link"]
+    assert data["savings"] == {"gpu_hours": 0.8, "kind": "estimated", "how": data["savings"]["how"]}
+    assert "100% minus utilisation" in data["savings"]["how"]
 
 
 # --- site settings --------------------------------------------------------------------------
@@ -479,7 +509,7 @@ def test_message_override_fills_evidence_and_evaluates_nothing(job_report: Repor
     settings = HintSettings.from_config({"low_util.message": template,
                                          "low_util.link": "https://hpc.example.org/gpu"})
     hint = one(job_report([gpu(util=20.0)]), "low_util", settings)
-    assert hint.message == ("Busy 20% (0.75 GPU-h); {__class__} {util_mean_pct.__class__} {gpus[0]} "
+    assert hint.message == ("Busy 20% (0.8 GPU-h); {__class__} {util_mean_pct.__class__} {gpus[0]} "
                             "{util_mean_pct!r} {nope} {util_mean_pct:>999999999} {literal}")
     assert hint.link == "https://hpc.example.org/gpu" and hint.to_dict()["link"] == hint.link
 
