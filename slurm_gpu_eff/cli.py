@@ -208,7 +208,8 @@ def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
     from functools import partial
 
     from .report.hints import HintSettings
-    from .report.usage import cluster_median, sacct_time, usage_report
+    from .report.lookup import nodes_of
+    from .report.usage import cluster_median, gpu_jobs, sacct_time, usage_report
     from .report.usage import sync as sync_usage
     from .slurm.access import connect
     from .store import open_store
@@ -226,10 +227,12 @@ def _usage(config: Any, query: Any, now: float, sync: bool) -> dict[str, Any]:
         if writer:
             _progress(f"asking Slurm's accounting for jobs from {sacct_time(period.since)} "
                       f"to {sacct_time(period.until)}...")
-            jobs = connect(config, use="period").period_jobs(period.since, period.until)
+            slurm = connect(config, use="period")
+            jobs = slurm.period_jobs(period.since, period.until)
             done = sync_usage(store, jobs, period, partial(_read_store, config.store_read_url),
                               HintSettings.from_config(config.hints), now,
-                              lambda n, total: _progress(f"figures of {n} of {total} runs updated"))
+                              lambda n, total: _progress(f"figures of {n} of {total} runs updated"),
+                              node_shares=slurm.node_shares(nodes_of(gpu_jobs(jobs))))
             _progress("")
             notes += done.notes
             _publish(config.median_file, cluster_median(store, period))

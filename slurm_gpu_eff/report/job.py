@@ -17,13 +17,14 @@ from .shapes import GpuLine, GroupReport, JobReport, clock, shared_with_shown, w
 
 def build_group(
     job_id: str, jobs: list[tuple[SlurmJob, list[NodeSummary], str]], settings: HintSettings | None = None,
+    node_shares: dict[str, dict[str, int]] | None = None,
 ) -> GroupReport:
     """The parts of an array or heterogeneous job: (job, summaries, why none) each."""
     kind = "heterogeneous" if any("+" in job.job_id for job, _, _ in jobs) else "array"
     reports, unreported = [], []
     for job, summaries, unavailable in jobs:
         try:
-            reports.append(build_report(job, summaries, settings, unavailable))
+            reports.append(build_report(job, summaries, settings, unavailable, node_shares))
         except (NoGpus, NoSummary) as exc:
             unreported.append((job.job_id, str(exc)))
     if not reports:

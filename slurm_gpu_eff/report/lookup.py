@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import NotPermitted
+from ..hostlist import expand_hostlist
 from ..slurm.base import Slurm
+from ..slurm.records import SlurmJob
 from ..store.base import Store
 from .figures import from_store_alone, gather
 from .hints import HintSettings
@@ -26,10 +28,21 @@ def job_report(slurm: Slurm, job_id: str, read_store: Callable[[], Store],
         if alone is None:
             raise
         found = [alone]
+    shares = slurm.node_shares(nodes_of([f.job for f in found]))
     if len(found) == 1:
         f = found[0]
-        report = build_report(f.job, f.summaries, settings, f.unavailable)
+        report = build_report(f.job, f.summaries, settings, f.unavailable, shares)
         report.source, report.notes = f.source, f.notes + report.notes
         return report
     parts = [(f.job, f.summaries, f.unavailable) for f in found]
-    return build_group(job_id, parts, settings)
+    return build_group(job_id, parts, settings, shares)
+
+
+def nodes_of(jobs: list[SlurmJob]) -> list[str]:
+    """The nodes the jobs ran on, each once (sacct's NodeList, a hostlist)."""
+    nodes: dict[str, None] = {}
+    for job in jobs:
+        listed = job.nodelist.strip()
+        if listed and listed not in ("None assigned", "(null)"):
+            nodes.update(dict.fromkeys(expand_hostlist(listed)))
+    return list(nodes)

@@ -128,9 +128,11 @@ def gpu_jobs(jobs: Iterable[SlurmJob]) -> list[SlurmJob]:
 
 def sync(store: Store, jobs: list[SlurmJob], period: Period, read_store: Callable[[], Store],
          settings: HintSettings | None = None, now: float | None = None,
-         progress: Callable[[int, int], None] | None = None, batch: int = 2000) -> Synced:
+         progress: Callable[[int, int], None] | None = None, batch: int = 2000,
+         node_shares: dict[str, dict[str, int]] | None = None) -> Synced:
     """Write each run's usage rows, except runs whose rows can no longer change (ended, and
-    with complete figures or ended SETTLE_S ago). `jobs`: sacct's rows for the period."""
+    with complete figures or ended SETTLE_S ago). `jobs`: sacct's rows for the period;
+    `node_shares`: each node's share from Slurm (the hints that weigh a job against it)."""
     now = time.time() if now is None else now
     jobs = gpu_jobs(jobs)
     done = existing(store, Selection(period.since, period.until))
@@ -141,7 +143,7 @@ def sync(store: Store, jobs: list[SlurmJob], period: Period, read_store: Callabl
         job_rows: list[dict[str, Any]] = []
         node_rows: list[dict[str, Any]] = []
         for found in gather(part, read_store) if part else []:
-            report = _report(found.job, found.summaries, settings, found.unavailable)
+            report = _report(found.job, found.summaries, settings, found.unavailable, node_shares)
             row, nodes = usage_rows(found.job, report, now)
             job_rows.append(row)
             node_rows.extend(nodes)
@@ -166,9 +168,9 @@ def _settled(job: SlurmJob, stored: tuple[str, int, str] | None, now: float) -> 
 
 
 def _report(job: SlurmJob, summaries: list[Any], settings: HintSettings | None,
-            unavailable: str) -> JobReport | None:
+            unavailable: str, node_shares: dict[str, dict[str, int]] | None = None) -> JobReport | None:
     try:
-        return build_report(job, summaries, settings, unavailable)
+        return build_report(job, summaries, settings, unavailable, node_shares)
     except (NoGpus, NoSummary):
         return None
 

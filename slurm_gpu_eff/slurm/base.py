@@ -57,6 +57,12 @@ class Slurm:
         """Whether Slurm hides other users' jobs from this caller (PrivateData=jobs)."""
         raise NotImplementedError
 
+    def node_shares(self, nodes: list[str]) -> dict[str, dict[str, int]]:
+        """Each node's share as Slurm's config has it: node -> {"cpus", "mem_mb", "gpus"}.
+        Never raises: what Slurm does not say is left out (the hints then say nothing of
+        the node's share, rather than assume one)."""
+        raise NotImplementedError
+
     def scancel(self, job_id: str) -> None:
         raise NotImplementedError
 

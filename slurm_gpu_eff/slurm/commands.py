@@ -26,8 +26,10 @@ from .records import (
     SlurmJob,
     allocated_gpus,
     allocated_memory,
+    interactive,
     members,
     mirrored_gpus,
+    node_share,
     parse_duration,
     parse_size,
     sacct_time,
@@ -206,7 +208,7 @@ def job_from_rows(job_id: str, rows: list[dict[str, str]]) -> SlurmJob:
         alloc_mem_bytes=allocated_memory(main["ReqMem"], main.get("AllocTRES", ""), main["AdminComment"],
                                          nnodes, ncpus),
         max_rss_bytes=peak_memory(steps), gpus=gpus, admin_comment=main["AdminComment"],
-        alloc_tres=main.get("AllocTRES", ""),
+        alloc_tres=main.get("AllocTRES", ""), interactive=interactive([r["JobID"] for r in steps]),
     )
 
 
@@ -306,6 +308,9 @@ class Commands(Slurm):
     def private_jobs(self) -> bool:
         return private_jobs(self.command("scontrol"))
 
+    def node_shares(self, nodes: list[str]) -> dict[str, dict[str, int]]:
+        return node_shares(nodes, self.command("scontrol"))
+
     def scancel(self, job_id: str) -> None:
         job_id = check_job_id(job_id)
         done = run_slurm([self.command("scancel"), job_id], 30)
@@ -314,6 +319,40 @@ class Commands(Slurm):
 
 
 # -- slurmctld: squeue, scontrol --------------------------------------------------------------
+
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # never an option of scontrol
+
+
+def node_shares(nodes: list[str], scontrol: str = "scontrol") -> dict[str, dict[str, int]]:
+    """Each node's share (records.node_share) from `scontrol show node -o`, one call for all;
+    {} for what Slurm does not say (a node gone from the config, no answer)."""
+    names = [n for n in nodes if NODE_NAME.match(n)]
+    if not names:
+        return {}
+    try:
+        done = run_slurm([scontrol, "show", "node", "-o", ",".join(names)], 30)
+    except SlurmError:
+        return {}
+    if done.returncode != 0:
+        return {}
+    return parse_node_lines(done.stdout.decode("utf-8", "replace"))
+
+
+def parse_node_lines(text: str) -> dict[str, dict[str, int]]:
+    """`scontrol show node -o` lines -> node -> share. Values may hold spaces (OS=, Reason=):
+    only the fields read are matched, each by its own name after a space."""
+    shares = {}
+    for line in text.splitlines():
+        name = re.match(r"NodeName=(\S+)", line)
+        tres = re.search(r" CfgTRES=(\S*)", line)
+        if not name or not tres:
+            continue
+        usable = re.search(r" CPUEfctv=(\d+)", line) or re.search(r" CPUTot=(\d+)", line)
+        share = node_share(tres[1], int(usable[1]) if usable else None)
+        if share:
+            shares[name[1]] = share
+    return shares
+
 
 def cluster_name(scontrol: str = "scontrol") -> str:
     """slurmctld's own ClusterName: the name its prologs give every row this cluster's

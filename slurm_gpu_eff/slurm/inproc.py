@@ -214,6 +214,24 @@ class Pyslurm(Slurm):
         except SlurmError:
             return False  # no answer: say what the accounting said (as slurm.private_jobs)
 
+    def node_shares(self, nodes: list[str]) -> dict[str, dict[str, int]]:
+        """As the commands' (scontrol show node): pyslurm.Node.load a node (one RPC each,
+        slurm_load_node_single), in both 22.5.3 and the 24.11 branch."""
+        ps = _module()
+        shares = {}
+        for name in nodes:
+            try:
+                node = ps.Node.load(name)
+                gres = node.configured_gres or {}
+                gpus = sum(int(n) for k, n in gres.items() if k == "gpu" or k.startswith("gpu:"))
+                cpus = node.effective_cpus or node.total_cpus
+                mem = node.real_memory
+            except Exception:  # noqa: BLE001 - a node gone: its share is not known
+                continue
+            if cpus and mem and gpus:
+                shares[name] = {"cpus": int(cpus), "mem_mb": int(mem), "gpus": gpus}
+        return shares
+
     def scancel(self, job_id: str) -> None:
         """Cancel the job (`scancel JOBID`: an array task or component alone by its own
         form, 1234_7 or 1234+1), through libslurm's slurm_kill_job2 as scancel does."""

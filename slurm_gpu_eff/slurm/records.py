@@ -39,6 +39,9 @@ class SlurmJob:
     gpus: int
     admin_comment: str = ""  # where mirror.py keeps the job's GPU figures
     alloc_tres: str = ""  # when asked for (usage reports: the GPU model)
+    # An interactive allocation (salloc, srun alone): steps but no batch step. None where
+    # no step was asked for or recorded (the usage report's sync asks for none).
+    interactive: bool | None = None
 
     @property
     def running(self) -> bool:
@@ -128,6 +131,26 @@ def allocated_gpus(alloc_tres: str) -> int:
     """The GPUs in an AllocTRES ('gres/gpu=2', or per type 'gres/gpu:h100=2')."""
     tres = parse_tres(alloc_tres)
     return tres.get("gres/gpu", sum(v for k, v in tres.items() if k.startswith("gres/gpu:")))
+
+
+def interactive(step_ids: list[str]) -> bool | None:
+    """From a job's step ids (1234.batch, 1234.0, 1234.extern, 1234.interactive): a batch
+    job has a batch step, an interactive one has steps and none; no steps, unknown."""
+    if not step_ids:
+        return None
+    return not any(step.endswith(".batch") for step in step_ids)
+
+
+def node_share(cfg_tres: str, cpus: int | None) -> dict[str, int] | None:
+    """A node's share as its config gives it: {"cpus": usable CPUs (CPUEfctv, cores held for
+    the system left out), "mem_mb": RealMemory, "gpus"}; None where a part is missing."""
+    tres = parse_tres(cfg_tres)
+    gpus = allocated_gpus(cfg_tres)
+    cpus = cpus or tres.get("cpu")
+    mem = tres.get("mem")
+    if not cpus or not mem or not gpus:
+        return None
+    return {"cpus": cpus, "mem_mb": mem // 2**20, "gpus": gpus}
 
 
 def parse_tres(text: str) -> dict[str, int]:
