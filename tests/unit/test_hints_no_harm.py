@@ -360,3 +360,65 @@ def test_json_and_text_say_whether_savings_are_measured(job_report: Reports, gpu
     text = render_text(report)
     assert "would have saved: 1.000 GPU-hours on this job (measured idle)" in text
     assert "could save: up to" in text
+
+
+# --- the review of the rules above (each failed on the rules as first built) ------------------
+
+TWO_CORES_A_GPU = {"cpus": 16, "mem_mb": 1024 * 1024, "gpus": 8}  # 2 cores and 128 GiB per GPU
+
+
+def test_feeding_the_gpu_asks_no_cores_beyond_the_nodes_share(job_report: Reports, gpu: Gpus) -> None:
+    hist = [2800.0, 0, 0, 0, 0, 0, 0, 0, 0, 800.0]  # alternating phases
+    report = job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=2, frameworks=["pytorch"],
+                        node_shares={"gpu1": TWO_CORES_A_GPU})
+    hint = the(report, "low_util")
+    assert "DataLoader" in hint.fix and "--cpus-per-gpu" not in hint.fix
+    unknown = the(job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=2, frameworks=["pytorch"]),
+                  "low_util")
+    assert "--cpus-per-gpu=4" in unknown.fix and "no more than the node's cores per GPU" in unknown.fix
+
+
+def test_node_share_never_cuts_memory_below_the_peak(job_report: Reports, gpu: Gpus) -> None:
+    big = dict(ncpus=32, alloc_mem_bytes=512 * GIB, total_cpu_s=32 * 3600.0,
+               node_shares={"gpu1": EIGHT_GPU_NODE})
+    needed = job_report([gpu(), gpu(minor=1)], max_rss_bytes=400 * GIB, **big)  # 2 x 128 GiB < 1.2 x 400
+    assert "--cpus-per-gpu=8" in the(needed, "node_share").fix and "--mem" not in said(needed)
+    assert "--mem-per-gpu=128G" in the(job_report([gpu(), gpu(minor=1)], max_rss_bytes=100 * GIB, **big),
+                                       "node_share").fix
+    for state in ("OUT_OF_MEMORY", "FAILED"):  # a failed run's peak says nothing of its need
+        assert "--mem" not in said(job_report([gpu(), gpu(minor=1)], max_rss_bytes=GIB, state=state, **big))
+
+
+def test_copy_traffic_gets_no_pytorch_idiom_outside_pytorch(job_report: Reports, gpu: Gpus) -> None:
+    copies = [gpu(dram_active=70.0, sm_active=30.0)]
+    for frameworks in (["cuda"], ["jax"], None):
+        assert ".contiguous()" not in the(job_report(copies, frameworks=frameworks), "memory_bound").fix
+    assert ".contiguous()" in the(job_report(copies, frameworks=["pytorch"]), "memory_bound").fix
+
+
+def test_no_fewer_gpus_where_the_idle_ones_memory_was_not_measured(job_report: Reports, gpu: Gpus) -> None:
+    hint = the(job_report([gpu(), gpu(minor=1, util=1.0, mem_used=None)]), "idle_gpus")
+    assert "--gres=gpu:1" not in hint.fix and "sharding" in hint.fix
+    assert "memory not measured" in hint.message
+
+
+def test_uneven_gpus_holding_memory_are_not_told_ddp_alone(job_report: Reports, gpu: Gpus) -> None:
+    """Others holding tens of GiB may be a model split over the GPUs: DDP puts a whole
+    replica on every GPU, which such a model does not fit."""
+    gpus = [gpu(util=92.0)] + [gpu(minor=i, util=8.0, sm_active=8.0, mem_used=60 * GIB) for i in range(1, 4)]
+    hint = the(job_report(gpus, elapsed_s=300, frameworks=["pytorch"]), "imbalance")
+    assert not hint.fix.startswith("Use DistributedDataParallel") and "split" in hint.fix
+    assert "the model is spread over them" not in hint.message
+    light = [gpu(util=92.0)] + [gpu(minor=i, util=8.0, sm_active=8.0, mem_used=GIB) for i in range(1, 4)]
+    assert the(job_report(light, elapsed_s=300, frameworks=["pytorch"]), "imbalance").fix.startswith(
+        "Use DistributedDataParallel")
+
+
+def test_cpu_bound_and_mig_advice_say_they_rest_on_utilisation(job_report: Reports, gpu: Gpus) -> None:
+    cpu_bound = job_report([gpu(util=30.0, sm_active=None)], ncpus=8, total_cpu_s=0.95 * 3600 * 8)
+    hint = next(h for h in evaluate(cpu_bound) if h.id == "cpu_side" and h.severity == "warning")
+    assert "rests on utilisation alone" in hint.message
+    small = job_report([gpu(util=15.0, sm_active=None, mem_used=4 * GIB)])
+    assert "rests on utilisation alone" in the(small, "gpu_memory").message
+    measured = job_report([gpu(util=15.0, sm_active=12.0, mem_used=4 * GIB)])
+    assert "rests on utilisation alone" not in the(measured, "gpu_memory").message

@@ -173,6 +173,15 @@ def node_share(report: JobReport) -> dict[str, float] | None:
             "gpus": float(min(s["gpus"] for s in shares))}
 
 
+def cores_cap(report: JobReport) -> int | None:
+    """The most cores per GPU a hint may ask for: the node's share; None when unknown."""
+    share = node_share(report)
+    return int(share["cpus"]) if share else None
+
+
+CAP_UNKNOWN = " (no more than the node's cores per GPU)"  # said where Slurm's node sizes are not known
+
+
 def interactive(report: JobReport) -> bool:
     """An interactive session (no batch step), known as such; None (unknown) is not."""
     return getattr(report.job, "interactive", None) is True

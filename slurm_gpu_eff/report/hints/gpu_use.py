@@ -8,6 +8,7 @@ from typing import Any
 
 from ..shapes import GpuLine, Hint, JobReport
 from .core import (
+    CAP_UNKNOWN,
     GIB,
     NSYS,
     PER_GPU,
@@ -15,6 +16,7 @@ from .core import (
     USE_THE_GPU_NEUTRAL,
     Rule,
     by_utilisation_alone,
+    cores_cap,
     cpus_per_gpu,
     duration,
     elapsed_h,
@@ -65,16 +67,18 @@ def _idle_gpus(report: JobReport, p: dict[str, float]) -> list[Hint]:
     n, k = max(job.gpus, len(report.gpus)), len(idle)
     if not idle or (n == 1 and k < n):
         return []
-    holding = [g for g in idle if mem_peak(g) >= p["held_gib"] * GIB]
+    # Memory not measured may hold a model's part as well: no fewer GPUs on a guess.
+    holding = [g for g in idle if g.mem_used_max_bytes is None or mem_peak(g) >= p["held_gib"] * GIB]
     details, per_gpu = [], []
     for g in idle:
         opened = None if g.summary is None or g.summary.processes_max is None else not g.never_used
         state = {True: "was opened but stayed idle", False: "was never opened by any process",
                  None: "stayed idle"}[opened]
-        held = f", holding {mem_peak(g) / GIB:.1f} GiB" if g in holding else ""
+        held = "" if g not in holding else (", memory not measured" if g.mem_used_max_bytes is None
+                                            else f", holding {mem_peak(g) / GIB:.1f} GiB")
         details.append(f"{label(g)} {state} ({g.util_mean:.1f}%{held})")
         per_gpu.append(where(g, util_mean_pct=pct(g.util_mean or 0.0), opened=opened,
-                             mem_peak_gib=gib(mem_peak(g))))
+                             mem_peak_gib=None if g.mem_used_max_bytes is None else gib(mem_peak(g))))
     evidence = {
         "gpus_allocated": n, "gpus_idle": k, "gpus_holding_memory": len(holding),
         "gpus_never_opened": sum(1 for e in per_gpu if e["opened"] is False),
@@ -93,9 +97,9 @@ def _idle_gpus(report: JobReport, p: dict[str, float]) -> list[Hint]:
         return [hint("idle_gpus", "critical", f"{head}: {'; '.join(details)}.", evidence, fix, savings)]
     message = f"{k} of {n} GPUs sat idle: {'; '.join(details)}."
     if holding:
-        fix = ("Check the sharding before asking for fewer GPUs: the idle GPUs hold memory, so parts of "
-               "the model or its data may live there" + fitted(report, SHARDING, "") + "; fewer GPUs "
-               "may then not hold it")
+        fix = ("Check the sharding before asking for fewer GPUs: the idle GPUs hold memory (or it was not "
+               "measured), so parts of the model or its data may live there" + fitted(report, SHARDING, "")
+               + "; fewer GPUs may then not hold it")
     else:
         fix = _fewer_gpus_fix(report, idle, n)
     return [hint("idle_gpus", "warning", message, evidence, fix, savings)]
@@ -127,12 +131,14 @@ def _pattern(g: GpuLine, p: dict[str, float]) -> tuple[str, dict[str, float]]:
 
 def _feed_fix(report: JobReport, p: dict[str, float]) -> str:
     """What keeps a GPU fed between busy phases, in the job's own framework."""
-    cpus = cpus_per_gpu(report)
-    wanted = max(cpus, int(p["min_cpus_per_gpu"]))
+    cpus, cap = cpus_per_gpu(report), cores_cap(report)
+    least = int(p["min_cpus_per_gpu"])
+    wanted = max(cpus, least if cap is None else min(least, cap))
     torch = (f"DataLoader(..., num_workers={max(1, wanted - 1)}, pin_memory=True, prefetch_factor=4, "
              "persistent_workers=True)")
     if wanted > cpus:
-        torch += f", with '#SBATCH --cpus-per-gpu={wanted}' for the workers"
+        torch += (f", with '#SBATCH --cpus-per-gpu={wanted}' for the workers"
+                  + (CAP_UNKNOWN if cap is None else ""))
     return fitted(report, {
         "pytorch": torch + "; and keep evaluation and checkpoints short or less frequent",
         "tensorflow": ("tf.data: dataset.map(..., num_parallel_calls=tf.data.AUTOTUNE)"

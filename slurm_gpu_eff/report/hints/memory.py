@@ -10,6 +10,7 @@ from .core import (
     PER_GPU,
     PREALLOCATING,
     Rule,
+    by_utilisation_alone,
     cpus_per_gpu,
     fitted,
     gib,
@@ -72,7 +73,7 @@ def _gpu_memory(report: JobReport, p: dict[str, float]) -> list[Hint]:
         need = max(1, math.ceil(peak * 1.25 / GIB))
         evidence["mem_needed_gib"] = need
         message = (f"A small job for this GPU: the peak was {peak / GIB:.1f} GiB of {total / GIB:.0f} GiB "
-                   f"({100 * peak / total:.0f}%), with low use and few cores.")
+                   f"({100 * peak / total:.0f}%), with low use and few cores." + by_utilisation_alone(low))
         fix = (f"Ask for a smaller GPU type or a MIG slice with at least {need} GiB where the site "
                "has one ('#SBATCH --gres=gpu:<type>:1')")
         hints.append(hint("gpu_memory", "info", message, evidence, fix, None))

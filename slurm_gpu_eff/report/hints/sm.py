@@ -175,13 +175,18 @@ def _imbalance(report: JobReport, p: dict[str, float]) -> list[Hint]:
     message = (f"Uneven work across the GPUs: {label(gpus[top])} at {busiest:.0f}% {what}, {others} at "
                f"{rest:.0f}% on average: one GPU does most of the work")
     if held:
-        message += (f"; the others hold {mean(mem_peak(g) for g in held) / GIB:.0f} GiB each, so the model "
-                    "is spread over them but its parts wait (stages or a split of unequal weight)")
+        message += (f"; the others hold {mean(mem_peak(g) for g in held) / GIB:.0f} GiB each, so they hold "
+                    "part of the work (parts of a split model, or replicas) but wait on the busy one")
     message += "." + (by_utilisation_alone(gpus) if basis == "util" else "")
+    ddp = ("use DistributedDataParallel (one process per GPU, started by torchrun) rather than "
+           "nn.DataParallel, give each rank an equal share of the data (DistributedSampler), and keep "
+           "logging, evaluation and checkpoints on rank 0 from holding up the others")
+    # Idle-but-full GPUs may hold the parts of a split model: DDP's whole replica per GPU
+    # would not fit there, so it is offered only as one of the two cases.
+    torch = ("If the model is split over the GPUs (device_map, pipeline stages), balance the parts' work; "
+             f"if each GPU holds a replica, {ddp}") if held else ddp[0].upper() + ddp[1:]
     fix = fitted(report, {
-        "pytorch": ("Use DistributedDataParallel (one process per GPU, started by torchrun) rather than "
-                    "nn.DataParallel, give each rank an equal share of the data (DistributedSampler), and "
-                    "keep logging, evaluation and checkpoints on rank 0 from holding up the others"),
+        "pytorch": torch,
         "tensorflow": ("Check that the strategy spreads the work (tf.distribute.MirroredStrategy, the global "
                        "batch a multiple of the GPUs) and that no op is pinned to one GPU"),
         "jax": ("Check that the arrays are sharded over all devices (jax.sharding.NamedSharding over a Mesh "
