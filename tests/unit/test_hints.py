@@ -544,6 +544,17 @@ def test_rules_are_well_formed_and_documented() -> None:
             assert f"| `{rule.id}.{name}` | {value:g} |" in doc
 
 
+def test_every_threshold_is_named_in_its_rules_text() -> None:
+    """docs/hints.md gives each threshold its source or says it is ours: a default the
+    text never names has neither (issue 23)."""
+    words = {0.5: "half", 0.25: "a quarter"}
+    for rule in RULES:
+        for name, value in rule.params.items():
+            forms = {f"{value:g}", f"{value * 100:g}%", f"{value / 60:g} min", words.get(value, f"{value:g}")}
+            named = (re.search(rf"(?<![\d.]){re.escape(form)}(?!\d|\.\d)", rule.why) for form in forms)
+            assert any(named), f"{rule.id}.{name} = {value:g}"
+
+
 def test_the_documented_example_settings_parse() -> None:
     example = rules_markdown().split("```toml\n", 1)[1].split("```", 1)[0]
     settings = HintSettings.from_config(parse_config(example, "docs").hints)

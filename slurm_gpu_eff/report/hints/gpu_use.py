@@ -299,10 +299,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "low_util", "Low utilisation overall",
         "Princeton's jobstats alarms at 25% and 15% mean utilisation; we warn under 25% and call it "
-        "critical under 15%, on the GPUs that did work. The timeline tells idle edges (over 20% of "
-        "the run: loading or saving), alternating phases (each at least 10% of the run, or 4 "
-        "switches: the GPU waits between phases) and steady low use (ours, from the timeline's "
-        "shape); the fix is the job's framework's, else neutral with Nsight Systems. Savings are an "
+        "critical under 15%, on the GPUs that did work (5% or more: idle_gpus' line). The timeline "
+        "tells idle edges (over 20% of the run: loading or saving), alternating phases (each at least "
+        "10% of the run, or 4 switches: the GPU waits between phases) and steady low use (ours, from "
+        "the timeline's shape); the fix is the job's framework's (PyTorch's asks for 4 cores per GPU "
+        "at least, ours, never beyond the node's share), else neutral with Nsight Systems. Savings are an "
         "estimate: the time no kernel ran, an upper bound.",
         {"red_pct": 15.0, "warn_pct": 25.0, "idle_pct": 5.0, "edge_fraction": 0.2,
          "periodic_fraction": 0.1, "switches": 4.0, "min_cpus_per_gpu": 4.0},
@@ -323,7 +324,8 @@ RULES: tuple[Rule, ...] = (
         "idle_mig", "Idle MIG slices",
         "MIG slices report no utilisation through NVML, but GPM measures their SM activity "
         "(nvmlGpmMigSampleGet). A slice under 5% SM activity (ours, the idle line of whole GPUs) did "
-        "no useful work. A slice is a fraction of a GPU, so no GPU-hours are claimed.",
+        "no useful work; one holding 2 GiB or more (ours, as idle_gpus) is told to check where the "
+        "job waited, not to drop it. A slice is a fraction of a GPU, so no GPU-hours are claimed.",
         {"sm_idle_pct": 5.0, "held_gib": 2.0}, ("sm_active",), _idle_mig,
         evidence=("slices_allocated", "slices_idle", "sm_idle_pct", "slice_hours_idle", "gpus"),
     ),

@@ -232,10 +232,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "cpu_side", "The CPU side of a GPU job",
-        "CPUs over 90% busy while the GPUs average under 50% use (SM activity, else utilisation) "
-        "mean the CPU side is the bottleneck; more cores are suggested only up to the node's share. "
-        "CPUs under 10% busy with more than two per GPU are held for nothing, unless the GPUs starve. "
-        "Memory under 25% of the request is suggested as Princeton's jobstats does, at least max(8 "
+        "CPUs over 90% busy (ours) while the GPUs average under 50% use (SM activity, else utilisation: "
+        "DCGM's 'likely ineffective' line) mean the CPU side is the bottleneck; more cores are suggested "
+        "only up to the node's share. CPUs under 10% busy (ours) with more than two per GPU are held for "
+        "nothing, unless the GPUs starve. Memory under 25% of the request (ours) is suggested as "
+        "Princeton's jobstats does, at least max(8 "
         "GiB, 1.2 x the peak), for completed jobs only (never for failed or OOM-killed runs).",
         {"cpu_high": 90.0, "gpu_util_low": 50.0, "cpu_low": 10.0, "mem_low": 25.0,
          "mem_floor_gib": 8.0, "mem_factor": 1.2}, (), _cpu_side,

@@ -218,8 +218,9 @@ RULES: tuple[Rule, ...] = (
         "low_sm", "Low SM activity at middling utilisation",
         "SM activity under 50% is 'likely ineffective' use at any utilisation (DCGM), and memory-"
         "stalled warps count as active, so a low figure is no artefact. This rule takes the GPUs "
-        "from 25% utilisation (low_util's line) that falsely_busy leaves, and tells idle time "
-        "between kernels from small kernels by the ratio of SM activity to utilisation. Savings are "
+        "from 25% utilisation (low_util's line) that falsely_busy leaves (at 60% or more with SM "
+        "activity under 0.6 of it), and tells idle time between kernels from small kernels by the "
+        "ratio of SM activity to utilisation. Savings are "
         "a rough estimate: the work at 80% SM activity, DCGM's 'necessary' level.",
         {"sm_pct": 50.0, "util_low": 25.0, "busy_pct": 60.0, "ratio": 0.6, "sm_target_pct": 80.0},
         ("util", "sm_active"), _low_sm, evidence=("util_mean_pct", "sm_active_mean_pct", *PER_GPU),
@@ -229,7 +230,9 @@ RULES: tuple[Rule, ...] = (
         "Unbalanced multi-GPU jobs are common (Perlmutter's telemetry): rank 0 doing extra work, "
         "DataParallel instead of DDP, uneven shards or pipeline stages. With the busiest GPU at 50% "
         "or more, others under half of it and 30 points below (ours), the hint says so, by SM "
-        "activity where every GPU measures it, else by utilisation. GPUs under 5% are idle_gpus'.",
+        "activity where every GPU measures it, else by utilisation. GPUs under 5% are idle_gpus'; "
+        "others holding 2 GiB or more (ours, as idle_gpus) may hold a split model's parts, so a "
+        "PyTorch job is told to balance those before it is told DDP, which needs a whole replica per GPU.",
         {"idle_pct": 5.0, "busy_pct": 50.0, "low_fraction": 0.5, "gap_pct": 30.0, "held_gib": 2.0},
         ("util",), _imbalance,
         evidence=("basis", "busiest_pct", "others_mean_pct", *PER_GPU),
