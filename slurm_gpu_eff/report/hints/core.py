@@ -61,7 +61,10 @@ def mean(values: Iterable[float]) -> float:
 
 
 def label(g: GpuLine) -> str:
-    return f"{g.node} GPU {'?' if g.minor is None else g.minor}"
+    """As the report's table names it: a MIG slice by its GPU and GPU instance (0/3), or
+    two slices of one GPU would read alike."""
+    gi = g.summary.mig_gi_id if g.summary is not None else None
+    return f"{g.node} GPU {'?' if g.minor is None else g.minor}{'' if gi is None else f'/{gi}'}"
 
 
 def labels(gpus: list[GpuLine]) -> str:

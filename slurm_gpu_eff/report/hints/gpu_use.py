@@ -85,7 +85,7 @@ def _idle_gpus(report: JobReport, p: dict[str, float]) -> list[Hint]:
         "idle_pct": p["idle_pct"], "elapsed_s": job.elapsed_s, "gpus": per_gpu,
     }
     savings = measured(k * elapsed_h(report), "the idle GPUs' hours in the allocation, each measured "
-                       "under idle_pct utilisation")
+                       f"under {p['idle_pct']:g}% utilisation")
     if k == n:
         head = "The GPU sat idle" if n == 1 else f"All {n} GPUs sat idle"
         if holding:  # memory taken, no kernels: a hang or a wait, not a job that needs no GPU
@@ -230,8 +230,8 @@ def _idle_stretch(report: JobReport, p: dict[str, float]) -> list[Hint]:
     fix = ("If the GPU work was over, end the job there (run what follows as a CPU job with "
            "'#SBATCH --dependency=afterok:<jobid>'); if it waited on input, a checkpoint or another job, "
            "that wait is the thing to fix")
-    savings = measured(sum(s for s, _, _ in found) / 3600.0, "each GPU's longest stretch under 5% "
-                       "utilisation, measured, counted once per GPU (idle GPUs are idle_gpus')")
+    savings = measured(sum(s for s, _, _ in found) / 3600.0, f"each GPU's longest stretch under "
+                       f"{p['idle_pct']:g}% utilisation, measured, once per GPU that did work")
     return [hint("idle_stretch", "warning", message, evidence, fix, savings)]
 
 

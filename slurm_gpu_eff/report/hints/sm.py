@@ -142,8 +142,8 @@ def _low_sm(report: JobReport, p: dict[str, float]) -> list[Hint]:
                 + NSYS),
     }, "Give each GPU more work per step (a larger batch or problem size) and find what it waits on: " + NSYS)
     savings = estimated(len(flagged) * elapsed_h(report) * max(0.0, 1 - active / p["sm_target_pct"]),
-                        "if the same work ran at 80% SM activity (NVIDIA's 'necessary' level), treating SM "
-                        "activity as throughput: a rough estimate")
+                        f"if the same work ran at {p['sm_target_pct']:g}% SM activity (NVIDIA's 'necessary' "
+                        "level), treating SM activity as throughput: a rough estimate")
     return [hint("low_sm", "warning", message, evidence, fix, savings)]
 
 
@@ -195,8 +195,8 @@ def _imbalance(report: JobReport, p: dict[str, float]) -> list[Hint]:
        "are placed); " + NSYS)
     share = mean(act.values()) / busiest
     savings = estimated(len(gpus) * elapsed_h(report) * (1 - share),
-                        "if the work were spread evenly, the job would take the mean over the busiest GPU's "
-                        f"{what} of its time on the same GPUs")
+                        f"if the work were spread evenly: the run would take the GPUs' mean {what} over the "
+                        "busiest one's of its time, a bound")
     return [hint("imbalance", "warning", message, evidence, fix, savings)]
 
 
