@@ -1,70 +1,17 @@
 """Issue 23: hints a user can act on without harm. Each fault the review found in the old
 rules, each rule it found missing, and a "no harm" set of job shapes, asserting what the
-hints must not say as well as what they must. Built the way test_hints.py builds reports."""
+hints must not say as well as what they must. Built as test_hints.py builds reports (hint_jobs.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
-from slurm_gpu_eff import model
 from slurm_gpu_eff.report.hints import evaluate, verdict
-from slurm_gpu_eff.report.job import build_report
-from slurm_gpu_eff.report.shapes import METRICS, Hint, JobReport
+from slurm_gpu_eff.report.shapes import Hint, JobReport
+from tests.unit.hint_jobs import GIB, NO_GPM, Gpus, Reports
 
-GIB = 1024**3
-HEALTHY: dict[str, Any] = dict(
-    util=95.0, power=560.0, mem_used=56 * GIB, sm_active=85.0, tensor_active=40.0, fp32_active=10.0,
-    dram_active=40.0, pcie_rx_mbps=1000.0, pcie_tx_mbps=1000.0, nvlink_rx_mbps=500.0, nvlink_tx_mbps=500.0,
-)
-NO_GPM = ("sm_active", "tensor_active", "fp32_active", "dram_active", "pcie_rx_mbps", "pcie_tx_mbps",
-          "nvlink_rx_mbps", "nvlink_tx_mbps")
 # A node of 8 GPUs, 64 cores and 1 TiB: 8 cores and 128 GiB per GPU
 EIGHT_GPU_NODE = {"cpus": 64, "mem_mb": 1024 * 1024, "gpus": 8}
-Gpus = Callable[..., model.GpuSummary]
-Reports = Callable[..., JobReport]
-
-
-@pytest.fixture
-def gpu(make_gpu: Callable[..., model.GpuSummary]) -> Gpus:
-    def build(**changes: Any) -> model.GpuSummary:
-        values = {**HEALTHY, **changes}
-        metrics = {k: values.pop(k) for k in list(values) if k in METRICS and k != "util"}
-        links = {k: values.pop(k) for k in ("pcie_link", "nvlink") if k in values}
-        g = make_gpu(**values)
-        for name, link in links.items():  # what NVML says of the GPU's links (node side)
-            setattr(g, name, link)
-        for name, mean in metrics.items():
-            if mean is not None:
-                g.metrics[name] = {"mean": mean, "min": 0.0, "max": mean, "last": mean,
-                                   "samples": 3600, "seconds": 3599.0}
-        return g
-
-    return build
-
-
-@pytest.fixture
-def job_report(make_job: Callable[..., Any], make_summary: Callable[..., model.NodeSummary],
-               gpu: Gpus) -> Reports:
-    def build(gpus: list[model.GpuSummary] | None = None, frameworks: list[str] | None = None,
-              node_shares: dict[str, dict[str, int]] | None = None, interactive: bool | None = None,
-              **job: Any) -> JobReport:
-        gpus = gpus if gpus is not None else [gpu()]
-        nodes = list(dict.fromkeys(g.node for g in gpus))
-        values = {"gpus": len(gpus), "nnodes": len(nodes), "nodelist": ",".join(nodes), **job}
-        summaries = [make_summary(node=n, gpus=[g for g in gpus if g.node == n]) for n in nodes]
-        for s in summaries:
-            s.frameworks = frameworks  # what the node side reads from the GPU processes
-        slurm_job = make_job(**values)
-        if interactive is not None:  # SlurmJob.interactive comes with the Slurm layer's change
-            object.__setattr__(slurm_job, "interactive", interactive)
-        report = build_report(slurm_job, summaries)
-        report.node_shares = node_shares or {}  # Slurm's node sizes: evaluate() reads them
-        return report
-
-    return build
 
 
 def ids(report: JobReport) -> set[str]:

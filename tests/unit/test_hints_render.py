@@ -12,10 +12,8 @@ import pytest
 from slurm_gpu_eff.report.hints import HintSettings, evaluate, verdict
 from slurm_gpu_eff.report.render import render_json, render_mail_html, render_text
 from slurm_gpu_eff.report.shapes import JobReport
-from tests.unit import test_hints_no_harm as no_harm
-from tests.unit.test_hints_no_harm import EIGHT_GPU_NODE, GIB, Gpus, Reports
-
-gpu, job_report = no_harm.gpu, no_harm.job_report  # its fixtures: the same GPUs and jobs
+from tests.unit.hint_jobs import GIB, Gpus, Reports
+from tests.unit.test_hints_no_harm import EIGHT_GPU_NODE
 
 HIST = [2800.0, 0, 0, 0, 0, 0, 0, 0, 0, 800.0]
 
