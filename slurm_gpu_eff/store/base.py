@@ -18,7 +18,8 @@ from ..model import GpuSummary, NodeSummary
 
 # The schema's versions, oldest first: each engine has a migration of each name, and a
 # store holding a name not here was migrated by a newer slurm-gpu-eff.
-SCHEMA = ("m001_summaries", "m002_mig_slices_apart", "m003_runs_apart", "m004_usage", "m005_usage_days")
+SCHEMA = ("m001_summaries", "m002_mig_slices_apart", "m003_runs_apart", "m004_usage", "m005_usage_days",
+          "m006_usage_days_hints")
 MIGRATION_SET = "slurm-gpu-eff"
 
 NODE_KEY = ("cluster", "job_id", "node", "run")
@@ -50,9 +51,16 @@ USAGE_COLUMNS: dict[str, type] = {
 }
 USAGE_NODE_KEY = (*USAGE_KEY, "node")
 # A rule's bit in hint_mask: append only, never reorder (stored masks keep their meaning).
+# Every rule has one (tests/unit/test_store_hints.py), info-only rules too, as before.
 HINT_BITS = ("idle_gpus", "low_util", "falsely_busy", "tensor_cores_unused", "memory_bound",
              "gpu_memory", "pcie_bound", "nvlink_bound", "spread_nodes", "cpu_side", "time_limit",
-             "short_job", "hardware", "idle_stretch")
+             "short_job", "hardware", "idle_stretch",
+             # issue 23's rules (m006 gives the rollup their columns)
+             "too_early", "low_sm", "imbalance", "idle_mig", "idle_interactive", "main_loading",
+             "node_share")
+# The rules whose columns m005 made in the rollup: a migration makes a table as it was
+# then, whatever the rules are now; each later migration adds its own.
+HINTS_M005 = HINT_BITS[:14]
 
 # The daily rollup (m005): per local day and (cluster, user, account, partition, GPU
 # model), the sums a report adds up (store/usage.py SUMS: GPU-seconds clipped to the
@@ -75,6 +83,10 @@ USAGE_DAY_COLUMNS: dict[str, type] = {
 # The days the rollup holds (even a day without runs), and the longest run stored: a run
 # touching a window [a, b) ended before b + that, which bounds every scan by end_at.
 USAGE_MADE_COLUMNS: dict[str, type] = {"d0": float, "d1": float, "day": str}
+# The rollup as m005 made it, and the columns m006 adds to it.
+USAGE_DAY_COLUMNS_M005 = {name: kind for name, kind in USAGE_DAY_COLUMNS.items()
+                          if not name.startswith("hint_") or name[len("hint_"):] in HINTS_M005}
+USAGE_DAY_COLUMNS_M006 = [f"hint_{rule}" for rule in HINT_BITS if rule not in HINTS_M005]
 
 
 class Store(ABC):

@@ -29,7 +29,8 @@ from .base import (
     NODE_KEY,
     SCHEMA,
     USAGE_COLUMNS,
-    USAGE_DAY_COLUMNS,
+    USAGE_DAY_COLUMNS_M005,
+    USAGE_DAY_COLUMNS_M006,
     USAGE_KEY,
     USAGE_MADE_COLUMNS,
     USAGE_NODE_KEY,
@@ -102,11 +103,14 @@ MIGRATIONS: list[tuple[str, list[str]]] = [
     ]),
     # The daily rollup of the usage tables (base.py), filled by put_usage.
     ("m005_usage_days", [
-        _create("usage_days", USAGE_DAY_COLUMNS, (), "integer"),
+        _create("usage_days", USAGE_DAY_COLUMNS_M005, (), "integer"),
         "create index usage_days_d0 on usage_days (d0)",
         _create("usage_days_made", USAGE_MADE_COLUMNS, ("d0",)),
         "create table usage_bounds (name text primary key, value double precision)",
     ]),
+    # The rollup counts issue 23's rules too; days made before hold 0 there (as sqlite_schema).
+    ("m006_usage_days_hints", [f'alter table usage_days add column "{column}" integer not null default 0'
+                               for column in USAGE_DAY_COLUMNS_M006]),
 ]
 
 # Which of two summaries of one (cluster, job, node, run) is kept: base.newer, in SQL.

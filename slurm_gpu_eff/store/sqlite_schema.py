@@ -10,7 +10,8 @@ from sqlite_utils import Migrations
 from .base import (
     MIGRATION_SET,
     USAGE_COLUMNS,
-    USAGE_DAY_COLUMNS,
+    USAGE_DAY_COLUMNS_M005,
+    USAGE_DAY_COLUMNS_M006,
     USAGE_KEY,
     USAGE_MADE_COLUMNS,
     USAGE_NODE_KEY,
@@ -78,7 +79,15 @@ def m004_usage(db: sqlite_utils.Database) -> None:
 def m005_usage_days(db: sqlite_utils.Database) -> None:
     """The usage tables' daily rollup (base.py), filled by put_usage from here on; days
     it does not hold yet are read from `usage` itself (store/usage.py)."""
-    db["usage_days"].create(USAGE_DAY_COLUMNS)  # type: ignore[union-attr]
+    db["usage_days"].create(USAGE_DAY_COLUMNS_M005)  # type: ignore[union-attr]
     db["usage_days"].create_index(["d0"])  # type: ignore[union-attr]
     db["usage_days_made"].create(USAGE_MADE_COLUMNS, pk="d0")  # type: ignore[union-attr]
     db["usage_bounds"].create({"name": str, "value": float}, pk="name")  # type: ignore[union-attr]
+
+
+@migrations()
+def m006_usage_days_hints(db: sqlite_utils.Database) -> None:
+    """The rollup counts issue 23's rules too (base.HINT_BITS). Days made before hold 0
+    there, as their runs' masks have none of these bits (a null would break the sums)."""
+    for column in USAGE_DAY_COLUMNS_M006:
+        db["usage_days"].add_column(column, int, not_null_default=0)  # type: ignore[union-attr]

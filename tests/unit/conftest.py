@@ -31,6 +31,7 @@ from slurm_gpu_eff.slurm.records import SlurmJob
 from slurm_gpu_eff.slurm.sacct import DELIMITER, FIELDS
 from tests import standin
 from tests.configfile import write_config
+from tests.unit.hint_jobs import gpu, job_report  # noqa: F401  (the hint rules' tests' fixtures)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GIB = 1024**3

@@ -9,13 +9,11 @@ import math
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from slurm_gpu_eff import model
 from slurm_gpu_eff.config import parse_config
 from slurm_gpu_eff.errors import ConfigError
 from slurm_gpu_eff.report.hints import (
@@ -27,63 +25,13 @@ from slurm_gpu_eff.report.hints import (
     rules_markdown,
     verdict,
 )
-from slurm_gpu_eff.report.job import build_report
-from slurm_gpu_eff.report.shapes import METRICS, JobReport
+from slurm_gpu_eff.report.shapes import JobReport
+from tests.unit.hint_jobs import NO_GPM, Gpus, Reports
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 MIB = 1024**2
 H = 1.0  # the default job's elapsed hours (make_job: 3600 s)
-# A healthy GPU: busy, SMs active, tensor cores in use, memory 70% of 80 GiB, power 80%.
-HEALTHY: dict[str, Any] = dict(
-    util=95.0, power=560.0, mem_used=56 * GIB, sm_active=85.0, tensor_active=40.0, fp32_active=10.0,
-    dram_active=40.0, pcie_rx_mbps=1000.0, pcie_tx_mbps=1000.0, nvlink_rx_mbps=500.0, nvlink_tx_mbps=500.0,
-)
-Gpus = Callable[..., model.GpuSummary]
-Reports = Callable[..., JobReport]
-NO_GPM = ("sm_active", "tensor_active", "fp32_active", "dram_active", "pcie_rx_mbps", "pcie_tx_mbps",
-          "nvlink_rx_mbps", "nvlink_tx_mbps")
-
-
-@pytest.fixture
-def gpu(make_gpu: Callable[..., model.GpuSummary]) -> Callable[..., model.GpuSummary]:
-    """A healthy GPU with changes: metric names (report.METRICS) set a mean, None drops the
-    metric (not measured); any other keyword is a GpuSummary field."""
-
-    def build(**changes: Any) -> model.GpuSummary:
-        values = {**HEALTHY, **changes}
-        metrics = {k: values.pop(k) for k in list(values) if k in METRICS and k != "util"}
-        g = make_gpu(**values)
-        for name, mean in metrics.items():
-            if mean is not None:
-                g.metrics[name] = {"mean": mean, "min": 0.0, "max": mean, "last": mean,
-                                   "samples": 3600, "seconds": 3599.0}
-        return g
-
-    return build
-
-
-@pytest.fixture
-def job_report(make_job: Callable[..., Any], make_summary: Callable[..., model.NodeSummary],
-               gpu: Callable[..., model.GpuSummary]) -> Callable[..., JobReport]:
-    """A finished job with these GPUs (default: one healthy), one node summary per node."""
-
-    def build(gpus: list[model.GpuSummary] | None = None, frameworks: list[str] | None = None,
-              node_shares: dict[str, dict[str, int]] | None = None, interactive: bool | None = None,
-              **job: Any) -> JobReport:
-        gpus = gpus if gpus is not None else [gpu()]
-        nodes = list(dict.fromkeys(g.node for g in gpus))
-        values = {"gpus": len(gpus), "nnodes": len(nodes), "nodelist": ",".join(nodes), **job}
-        summaries = [make_summary(node=n, gpus=[g for g in gpus if g.node == n], frameworks=frameworks)
-                     for n in nodes]
-        slurm_job = make_job(**values)
-        if interactive is not None:  # SlurmJob.interactive comes with the Slurm layer's change
-            object.__setattr__(slurm_job, "interactive", interactive)
-        return build_report(slurm_job, summaries, node_shares=node_shares)
-
-    return build
-
-
 def ids(report: JobReport, settings: HintSettings | None = None) -> set[str]:
     return {h.id for h in evaluate(report, settings)}
 
@@ -542,6 +490,17 @@ def test_rules_are_well_formed_and_documented() -> None:
         assert f"## {rule.id}\n" in doc
         for name, value in rule.params.items():
             assert f"| `{rule.id}.{name}` | {value:g} |" in doc
+
+
+def test_every_threshold_is_named_in_its_rules_text() -> None:
+    """docs/hints.md gives each threshold its source or says it is ours: a default the
+    text never names has neither (issue 23)."""
+    words = {0.5: "half", 0.25: "a quarter"}
+    for rule in RULES:
+        for name, value in rule.params.items():
+            forms = {f"{value:g}", f"{value * 100:g}%", f"{value / 60:g} min", words.get(value, f"{value:g}")}
+            named = (re.search(rf"(?<![\d.]){re.escape(form)}(?!\d|\.\d)", rule.why) for form in forms)
+            assert any(named), f"{rule.id}.{name} = {value:g}"
 
 
 def test_the_documented_example_settings_parse() -> None:

@@ -1,70 +1,17 @@
 """Issue 23: hints a user can act on without harm. Each fault the review found in the old
 rules, each rule it found missing, and a "no harm" set of job shapes, asserting what the
-hints must not say as well as what they must. Built the way test_hints.py builds reports."""
+hints must not say as well as what they must. Built as test_hints.py builds reports (hint_jobs.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 
-from slurm_gpu_eff import model
 from slurm_gpu_eff.report.hints import evaluate, verdict
-from slurm_gpu_eff.report.job import build_report
-from slurm_gpu_eff.report.shapes import METRICS, Hint, JobReport
+from slurm_gpu_eff.report.shapes import Hint, JobReport
+from tests.unit.hint_jobs import GIB, NO_GPM, Gpus, Reports
 
-GIB = 1024**3
-HEALTHY: dict[str, Any] = dict(
-    util=95.0, power=560.0, mem_used=56 * GIB, sm_active=85.0, tensor_active=40.0, fp32_active=10.0,
-    dram_active=40.0, pcie_rx_mbps=1000.0, pcie_tx_mbps=1000.0, nvlink_rx_mbps=500.0, nvlink_tx_mbps=500.0,
-)
-NO_GPM = ("sm_active", "tensor_active", "fp32_active", "dram_active", "pcie_rx_mbps", "pcie_tx_mbps",
-          "nvlink_rx_mbps", "nvlink_tx_mbps")
 # A node of 8 GPUs, 64 cores and 1 TiB: 8 cores and 128 GiB per GPU
 EIGHT_GPU_NODE = {"cpus": 64, "mem_mb": 1024 * 1024, "gpus": 8}
-Gpus = Callable[..., model.GpuSummary]
-Reports = Callable[..., JobReport]
-
-
-@pytest.fixture
-def gpu(make_gpu: Callable[..., model.GpuSummary]) -> Gpus:
-    def build(**changes: Any) -> model.GpuSummary:
-        values = {**HEALTHY, **changes}
-        metrics = {k: values.pop(k) for k in list(values) if k in METRICS and k != "util"}
-        links = {k: values.pop(k) for k in ("pcie_link", "nvlink") if k in values}
-        g = make_gpu(**values)
-        for name, link in links.items():  # what NVML says of the GPU's links (node side)
-            setattr(g, name, link)
-        for name, mean in metrics.items():
-            if mean is not None:
-                g.metrics[name] = {"mean": mean, "min": 0.0, "max": mean, "last": mean,
-                                   "samples": 3600, "seconds": 3599.0}
-        return g
-
-    return build
-
-
-@pytest.fixture
-def job_report(make_job: Callable[..., Any], make_summary: Callable[..., model.NodeSummary],
-               gpu: Gpus) -> Reports:
-    def build(gpus: list[model.GpuSummary] | None = None, frameworks: list[str] | None = None,
-              node_shares: dict[str, dict[str, int]] | None = None, interactive: bool | None = None,
-              **job: Any) -> JobReport:
-        gpus = gpus if gpus is not None else [gpu()]
-        nodes = list(dict.fromkeys(g.node for g in gpus))
-        values = {"gpus": len(gpus), "nnodes": len(nodes), "nodelist": ",".join(nodes), **job}
-        summaries = [make_summary(node=n, gpus=[g for g in gpus if g.node == n]) for n in nodes]
-        for s in summaries:
-            s.frameworks = frameworks  # what the node side reads from the GPU processes
-        slurm_job = make_job(**values)
-        if interactive is not None:  # SlurmJob.interactive comes with the Slurm layer's change
-            object.__setattr__(slurm_job, "interactive", interactive)
-        report = build_report(slurm_job, summaries)
-        report.node_shares = node_shares or {}  # Slurm's node sizes: evaluate() reads them
-        return report
-
-    return build
 
 
 def ids(report: JobReport) -> set[str]:
@@ -360,3 +307,65 @@ def test_json_and_text_say_whether_savings_are_measured(job_report: Reports, gpu
     text = render_text(report)
     assert "would have saved: 1.000 GPU-hours on this job (measured idle)" in text
     assert "could save: up to" in text
+
+
+# --- the review of the rules above (each failed on the rules as first built) ------------------
+
+TWO_CORES_A_GPU = {"cpus": 16, "mem_mb": 1024 * 1024, "gpus": 8}  # 2 cores and 128 GiB per GPU
+
+
+def test_feeding_the_gpu_asks_no_cores_beyond_the_nodes_share(job_report: Reports, gpu: Gpus) -> None:
+    hist = [2800.0, 0, 0, 0, 0, 0, 0, 0, 0, 800.0]  # alternating phases
+    report = job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=2, frameworks=["pytorch"],
+                        node_shares={"gpu1": TWO_CORES_A_GPU})
+    hint = the(report, "low_util")
+    assert "DataLoader" in hint.fix and "--cpus-per-gpu" not in hint.fix
+    unknown = the(job_report([gpu(util=22.0, util_histogram_s=hist)], ncpus=2, frameworks=["pytorch"]),
+                  "low_util")
+    assert "--cpus-per-gpu=4" in unknown.fix and "no more than the node's cores per GPU" in unknown.fix
+
+
+def test_node_share_never_cuts_memory_below_the_peak(job_report: Reports, gpu: Gpus) -> None:
+    big = dict(ncpus=32, alloc_mem_bytes=512 * GIB, total_cpu_s=32 * 3600.0,
+               node_shares={"gpu1": EIGHT_GPU_NODE})
+    needed = job_report([gpu(), gpu(minor=1)], max_rss_bytes=400 * GIB, **big)  # 2 x 128 GiB < 1.2 x 400
+    assert "--cpus-per-gpu=8" in the(needed, "node_share").fix and "--mem" not in said(needed)
+    assert "--mem-per-gpu=128G" in the(job_report([gpu(), gpu(minor=1)], max_rss_bytes=100 * GIB, **big),
+                                       "node_share").fix
+    for state in ("OUT_OF_MEMORY", "FAILED"):  # a failed run's peak says nothing of its need
+        assert "--mem" not in said(job_report([gpu(), gpu(minor=1)], max_rss_bytes=GIB, state=state, **big))
+
+
+def test_copy_traffic_gets_no_pytorch_idiom_outside_pytorch(job_report: Reports, gpu: Gpus) -> None:
+    copies = [gpu(dram_active=70.0, sm_active=30.0)]
+    for frameworks in (["cuda"], ["jax"], None):
+        assert ".contiguous()" not in the(job_report(copies, frameworks=frameworks), "memory_bound").fix
+    assert ".contiguous()" in the(job_report(copies, frameworks=["pytorch"]), "memory_bound").fix
+
+
+def test_no_fewer_gpus_where_the_idle_ones_memory_was_not_measured(job_report: Reports, gpu: Gpus) -> None:
+    hint = the(job_report([gpu(), gpu(minor=1, util=1.0, mem_used=None)]), "idle_gpus")
+    assert "--gres=gpu:1" not in hint.fix and "sharding" in hint.fix
+    assert "memory not measured" in hint.message
+
+
+def test_uneven_gpus_holding_memory_are_not_told_ddp_alone(job_report: Reports, gpu: Gpus) -> None:
+    """Others holding tens of GiB may be a model split over the GPUs: DDP puts a whole
+    replica on every GPU, which such a model does not fit."""
+    gpus = [gpu(util=92.0)] + [gpu(minor=i, util=8.0, sm_active=8.0, mem_used=60 * GIB) for i in range(1, 4)]
+    hint = the(job_report(gpus, elapsed_s=300, frameworks=["pytorch"]), "imbalance")
+    assert not hint.fix.startswith("Use DistributedDataParallel") and "split" in hint.fix
+    assert "the model is spread over them" not in hint.message
+    light = [gpu(util=92.0)] + [gpu(minor=i, util=8.0, sm_active=8.0, mem_used=GIB) for i in range(1, 4)]
+    assert the(job_report(light, elapsed_s=300, frameworks=["pytorch"]), "imbalance").fix.startswith(
+        "Use DistributedDataParallel")
+
+
+def test_cpu_bound_and_mig_advice_say_they_rest_on_utilisation(job_report: Reports, gpu: Gpus) -> None:
+    cpu_bound = job_report([gpu(util=30.0, sm_active=None)], ncpus=8, total_cpu_s=0.95 * 3600 * 8)
+    hint = next(h for h in evaluate(cpu_bound) if h.id == "cpu_side" and h.severity == "warning")
+    assert "rests on utilisation alone" in hint.message
+    small = job_report([gpu(util=15.0, sm_active=None, mem_used=4 * GIB)])
+    assert "rests on utilisation alone" in the(small, "gpu_memory").message
+    measured = job_report([gpu(util=15.0, sm_active=12.0, mem_used=4 * GIB)])
+    assert "rests on utilisation alone" not in the(measured, "gpu_memory").message

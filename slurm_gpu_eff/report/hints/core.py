@@ -61,7 +61,10 @@ def mean(values: Iterable[float]) -> float:
 
 
 def label(g: GpuLine) -> str:
-    return f"{g.node} GPU {'?' if g.minor is None else g.minor}"
+    """As the report's table names it: a MIG slice by its GPU and GPU instance (0/3), or
+    two slices of one GPU would read alike."""
+    gi = g.summary.mig_gi_id if g.summary is not None else None
+    return f"{g.node} GPU {'?' if g.minor is None else g.minor}{'' if gi is None else f'/{gi}'}"
 
 
 def labels(gpus: list[GpuLine]) -> str:
@@ -171,6 +174,15 @@ def node_share(report: JobReport) -> dict[str, float] | None:
     return {"cpus": min(s.get("cpus", 0) / s["gpus"] for s in shares),
             "mem_mb": min(s.get("mem_mb", 0) / s["gpus"] for s in shares),
             "gpus": float(min(s["gpus"] for s in shares))}
+
+
+def cores_cap(report: JobReport) -> int | None:
+    """The most cores per GPU a hint may ask for: the node's share; None when unknown."""
+    share = node_share(report)
+    return int(share["cpus"]) if share else None
+
+
+CAP_UNKNOWN = " (no more than the node's cores per GPU)"  # said where Slurm's node sizes are not known
 
 
 def interactive(report: JobReport) -> bool:

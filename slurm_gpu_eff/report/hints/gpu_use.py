@@ -8,6 +8,7 @@ from typing import Any
 
 from ..shapes import GpuLine, Hint, JobReport
 from .core import (
+    CAP_UNKNOWN,
     GIB,
     NSYS,
     PER_GPU,
@@ -15,6 +16,7 @@ from .core import (
     USE_THE_GPU_NEUTRAL,
     Rule,
     by_utilisation_alone,
+    cores_cap,
     cpus_per_gpu,
     duration,
     elapsed_h,
@@ -65,23 +67,25 @@ def _idle_gpus(report: JobReport, p: dict[str, float]) -> list[Hint]:
     n, k = max(job.gpus, len(report.gpus)), len(idle)
     if not idle or (n == 1 and k < n):
         return []
-    holding = [g for g in idle if mem_peak(g) >= p["held_gib"] * GIB]
+    # Memory not measured may hold a model's part as well: no fewer GPUs on a guess.
+    holding = [g for g in idle if g.mem_used_max_bytes is None or mem_peak(g) >= p["held_gib"] * GIB]
     details, per_gpu = [], []
     for g in idle:
         opened = None if g.summary is None or g.summary.processes_max is None else not g.never_used
         state = {True: "was opened but stayed idle", False: "was never opened by any process",
                  None: "stayed idle"}[opened]
-        held = f", holding {mem_peak(g) / GIB:.1f} GiB" if g in holding else ""
+        held = "" if g not in holding else (", memory not measured" if g.mem_used_max_bytes is None
+                                            else f", holding {mem_peak(g) / GIB:.1f} GiB")
         details.append(f"{label(g)} {state} ({g.util_mean:.1f}%{held})")
         per_gpu.append(where(g, util_mean_pct=pct(g.util_mean or 0.0), opened=opened,
-                             mem_peak_gib=gib(mem_peak(g))))
+                             mem_peak_gib=None if g.mem_used_max_bytes is None else gib(mem_peak(g))))
     evidence = {
         "gpus_allocated": n, "gpus_idle": k, "gpus_holding_memory": len(holding),
         "gpus_never_opened": sum(1 for e in per_gpu if e["opened"] is False),
         "idle_pct": p["idle_pct"], "elapsed_s": job.elapsed_s, "gpus": per_gpu,
     }
     savings = measured(k * elapsed_h(report), "the idle GPUs' hours in the allocation, each measured "
-                       "under idle_pct utilisation")
+                       f"under {p['idle_pct']:g}% utilisation")
     if k == n:
         head = "The GPU sat idle" if n == 1 else f"All {n} GPUs sat idle"
         if holding:  # memory taken, no kernels: a hang or a wait, not a job that needs no GPU
@@ -93,9 +97,9 @@ def _idle_gpus(report: JobReport, p: dict[str, float]) -> list[Hint]:
         return [hint("idle_gpus", "critical", f"{head}: {'; '.join(details)}.", evidence, fix, savings)]
     message = f"{k} of {n} GPUs sat idle: {'; '.join(details)}."
     if holding:
-        fix = ("Check the sharding before asking for fewer GPUs: the idle GPUs hold memory, so parts of "
-               "the model or its data may live there" + fitted(report, SHARDING, "") + "; fewer GPUs "
-               "may then not hold it")
+        fix = ("Check the sharding before asking for fewer GPUs: the idle GPUs hold memory (or it was not "
+               "measured), so parts of the model or its data may live there" + fitted(report, SHARDING, "")
+               + "; fewer GPUs may then not hold it")
     else:
         fix = _fewer_gpus_fix(report, idle, n)
     return [hint("idle_gpus", "warning", message, evidence, fix, savings)]
@@ -127,12 +131,14 @@ def _pattern(g: GpuLine, p: dict[str, float]) -> tuple[str, dict[str, float]]:
 
 def _feed_fix(report: JobReport, p: dict[str, float]) -> str:
     """What keeps a GPU fed between busy phases, in the job's own framework."""
-    cpus = cpus_per_gpu(report)
-    wanted = max(cpus, int(p["min_cpus_per_gpu"]))
+    cpus, cap = cpus_per_gpu(report), cores_cap(report)
+    least = int(p["min_cpus_per_gpu"])
+    wanted = max(cpus, least if cap is None else min(least, cap))
     torch = (f"DataLoader(..., num_workers={max(1, wanted - 1)}, pin_memory=True, prefetch_factor=4, "
              "persistent_workers=True)")
     if wanted > cpus:
-        torch += f", with '#SBATCH --cpus-per-gpu={wanted}' for the workers"
+        torch += (f", with '#SBATCH --cpus-per-gpu={wanted}' for the workers"
+                  + (CAP_UNKNOWN if cap is None else ""))
     return fitted(report, {
         "pytorch": torch + "; and keep evaluation and checkpoints short or less frequent",
         "tensorflow": ("tf.data: dataset.map(..., num_parallel_calls=tf.data.AUTOTUNE)"
@@ -224,8 +230,8 @@ def _idle_stretch(report: JobReport, p: dict[str, float]) -> list[Hint]:
     fix = ("If the GPU work was over, end the job there (run what follows as a CPU job with "
            "'#SBATCH --dependency=afterok:<jobid>'); if it waited on input, a checkpoint or another job, "
            "that wait is the thing to fix")
-    savings = measured(sum(s for s, _, _ in found) / 3600.0, "each GPU's longest stretch under 5% "
-                       "utilisation, measured, counted once per GPU (idle GPUs are idle_gpus')")
+    savings = measured(sum(s for s, _, _ in found) / 3600.0, f"each GPU's longest stretch under "
+                       f"{p['idle_pct']:g}% utilisation, measured, once per GPU that did work")
     return [hint("idle_stretch", "warning", message, evidence, fix, savings)]
 
 
@@ -293,10 +299,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "low_util", "Low utilisation overall",
         "Princeton's jobstats alarms at 25% and 15% mean utilisation; we warn under 25% and call it "
-        "critical under 15%, on the GPUs that did work. The timeline tells idle edges (over 20% of "
-        "the run: loading or saving), alternating phases (each at least 10% of the run, or 4 "
-        "switches: the GPU waits between phases) and steady low use (ours, from the timeline's "
-        "shape); the fix is the job's framework's, else neutral with Nsight Systems. Savings are an "
+        "critical under 15%, on the GPUs that did work (5% or more: idle_gpus' line). The timeline "
+        "tells idle edges (over 20% of the run: loading or saving), alternating phases (each at least "
+        "10% of the run, or 4 switches: the GPU waits between phases) and steady low use (ours, from "
+        "the timeline's shape); the fix is the job's framework's (PyTorch's asks for 4 cores per GPU "
+        "at least, ours, never beyond the node's share), else neutral with Nsight Systems. Savings are an "
         "estimate: the time no kernel ran, an upper bound.",
         {"red_pct": 15.0, "warn_pct": 25.0, "idle_pct": 5.0, "edge_fraction": 0.2,
          "periodic_fraction": 0.1, "switches": 4.0, "min_cpus_per_gpu": 4.0},
@@ -317,7 +324,8 @@ RULES: tuple[Rule, ...] = (
         "idle_mig", "Idle MIG slices",
         "MIG slices report no utilisation through NVML, but GPM measures their SM activity "
         "(nvmlGpmMigSampleGet). A slice under 5% SM activity (ours, the idle line of whole GPUs) did "
-        "no useful work. A slice is a fraction of a GPU, so no GPU-hours are claimed.",
+        "no useful work; one holding 2 GiB or more (ours, as idle_gpus) is told to check where the "
+        "job waited, not to drop it. A slice is a fraction of a GPU, so no GPU-hours are claimed.",
         {"sm_idle_pct": 5.0, "held_gib": 2.0}, ("sm_active",), _idle_mig,
         evidence=("slices_allocated", "slices_idle", "sm_idle_pct", "slice_hours_idle", "gpus"),
     ),

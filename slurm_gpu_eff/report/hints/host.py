@@ -8,10 +8,12 @@ from typing import Any
 
 from ..shapes import Hint, JobReport
 from .core import (
+    CAP_UNKNOWN,
     GIB,
     MIB,
     Rule,
     by_utilisation_alone,
+    cores_cap,
     cpus_per_gpu,
     duration,
     elapsed_h,
@@ -40,7 +42,8 @@ def _cpu_side(report: JobReport, p: dict[str, float]) -> list[Hint]:
         evidence: dict[str, Any] = {"cpu_efficiency_pct": pct(eff), "gpu_use_pct": pct(use[0]),
                                     "gpu_use_basis": use[1], "cpus": job.ncpus, "gpus_allocated": job.gpus}
         message = (f"CPU-bound: the CPUs were {eff:.1f}% busy while the GPUs averaged {use[0]:.1f}% "
-                   f"{use[1]}, so the CPU side (data loading, preprocessing) cannot keep up.")
+                   f"{use[1]}, so the CPU side (data loading, preprocessing) cannot keep up."
+                   + by_utilisation_alone(report.gpus))
         hints.append(hint("cpu_side", "warning", message, evidence, _more_cpus_fix(report, cpus), None))
     if eff is not None and eff < p["cpu_low"] and job.ncpus > 2 * gpus and not starving:
         busy = job.ncpus * eff / 100
@@ -59,8 +62,7 @@ def _cpu_side(report: JobReport, p: dict[str, float]) -> list[Hint]:
 
 def _more_cpus_fix(report: JobReport, cpus: int) -> str:
     """More cores per GPU, never beyond the node's share (cores a node has per GPU)."""
-    share = node_share(report)
-    cap = int(share["cpus"]) if share else None
+    cap = cores_cap(report)
     if cap is not None and cpus >= cap:
         return (f"The job already holds the node's share of cores per GPU ({cap}): lighten the CPU work "
                 "instead (preprocess once, ahead of the job; decode on the GPU, e.g. NVIDIA DALI)")
@@ -68,7 +70,7 @@ def _more_cpus_fix(report: JobReport, cpus: int) -> str:
     fix = f"#SBATCH --cpus-per-gpu={wanted}"
     if framework(report) == "pytorch":
         fix += f", with DataLoader(num_workers={wanted - 1})"
-    return fix + (" (no more than the node's cores per GPU)" if cap is None else "")
+    return fix + (CAP_UNKNOWN if cap is None else "")
 
 
 def _memory(report: JobReport, p: dict[str, float]) -> Hint | None:
@@ -133,7 +135,8 @@ def _node_share(report: JobReport, p: dict[str, float]) -> list[Hint]:
     if cpus > share["cpus"] * (1 + p["tolerance"]):
         over.append(f"{cpus:.0f} cores per GPU where a node has {share['cpus']:.0f}")
         fixes.append(f"--cpus-per-gpu={max(1, int(share['cpus']))}")
-    if mem_mb is not None and share["mem_mb"] and mem_mb > share["mem_mb"] * (1 + p["tolerance"]):
+    if (mem_mb is not None and share["mem_mb"] and mem_mb > share["mem_mb"] * (1 + p["tolerance"])
+            and _share_holds_the_peak(report, share["mem_mb"] * MIB, p)):
         over.append(f"{mem_mb / 1024:.0f} GiB of memory per GPU where a node has "
                     f"{share['mem_mb'] / 1024:.0f}")
         fixes.append(f"--mem-per-gpu={max(1, int(share['mem_mb'] // 1024))}G")
@@ -147,6 +150,18 @@ def _node_share(report: JobReport, p: dict[str, float]) -> list[Hint]:
     fix = ("#SBATCH " + " ".join(fixes) + " (the node's share; a job that needs more per GPU is CPU-bound: "
            "lighten its CPU work)")
     return [hint("node_share", "info", message, evidence, fix, None)]
+
+
+def _share_holds_the_peak(report: JobReport, per_gpu: float, p: dict[str, float]) -> bool:
+    """Whether --mem-per-gpu at the node's share leaves each node max(8 GiB, 1.2 x the
+    peak), as cpu_side's --mem: only a completed run's peak tells what the job needs.
+    The peak (the largest step's MaxRSS times its tasks) is the job's, so on several
+    nodes this errs on the side of more memory."""
+    job = report.job
+    if job.state != "COMPLETED" or job.max_rss_bytes is None:
+        return False
+    per_node = per_gpu * job.gpus / max(1, job.nnodes)
+    return per_node >= max(p["mem_factor"] * job.max_rss_bytes, p["mem_floor_gib"] * GIB)
 
 
 ENDED = ("FAILED", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "PREEMPTED", "DEADLINE")
@@ -217,10 +232,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "cpu_side", "The CPU side of a GPU job",
-        "CPUs over 90% busy while the GPUs average under 50% use (SM activity, else utilisation) "
-        "mean the CPU side is the bottleneck; more cores are suggested only up to the node's share. "
-        "CPUs under 10% busy with more than two per GPU are held for nothing, unless the GPUs starve. "
-        "Memory under 25% of the request is suggested as Princeton's jobstats does, at least max(8 "
+        "CPUs over 90% busy (ours) while the GPUs average under 50% use (SM activity, else utilisation: "
+        "DCGM's 'likely ineffective' line) mean the CPU side is the bottleneck; more cores are suggested "
+        "only up to the node's share. CPUs under 10% busy (ours) with more than two per GPU are held for "
+        "nothing, unless the GPUs starve. Memory under 25% of the request (ours) is suggested as "
+        "Princeton's jobstats does, at least max(8 "
         "GiB, 1.2 x the peak), for completed jobs only (never for failed or OOM-killed runs).",
         {"cpu_high": 90.0, "gpu_util_low": 50.0, "cpu_low": 10.0, "mem_low": 25.0,
          "mem_floor_gib": 8.0, "mem_factor": 1.2}, (), _cpu_side,
@@ -243,8 +259,10 @@ RULES: tuple[Rule, ...] = (
         "A node's cores and memory divided by its GPUs (from Slurm's node config, never assumed) is "
         "each GPU's share; a job holding more per GPU leaves the node's other GPUs without cores or "
         "memory for others, which Princeton's job_defense_shield caps. Said as information, with a "
-        "tolerance of 0 by default.",
-        {"tolerance": 0.0}, (), _node_share,
+        "tolerance of 0 by default (ours). Memory is cut to the share only where that leaves a "
+        "completed run max(8 GiB, 1.2 x its peak) per node, as cpu_side's --mem (Princeton's "
+        "jobstats): never for a failed or OOM-killed run.",
+        {"tolerance": 0.0, "mem_floor_gib": 8.0, "mem_factor": 1.2}, (), _node_share,
         evidence=("cpus_per_gpu", "share_cpus_per_gpu", "mem_gib_per_gpu", "share_mem_gib_per_gpu"),
     ),
     Rule(

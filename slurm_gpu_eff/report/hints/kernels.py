@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..shapes import GpuLine, Hint, JobReport
-from .core import PER_GPU, Rule, elapsed_h, estimated, framework, hint, m, mean, pct, where
+from .core import NSYS, PER_GPU, Rule, elapsed_h, estimated, fitted, framework, hint, m, mean, pct, where
 
 
 def two_metrics(flagged: list[GpuLine], first: str, second: str) -> tuple[float, float, dict[str, Any]]:
@@ -62,8 +62,11 @@ def _memory_bound(report: JobReport, p: dict[str, float]) -> list[Hint]:
         message = (f"Memory traffic with idle SMs: DRAM bandwidth was {dram:.1f}% busy while the SMs were "
                    f"active only {active:.1f}%, which looks like copies (memcpy, data movement) more than "
                    "computation.")
-        fix = ("Move data less: keep tensors on the GPU between steps, avoid copies and re-layouts "
-               "(.contiguous(), transposes) in the loop; Nsight Systems ('nsys profile') shows the copies")
+        fix = fitted(report, {
+            "pytorch": ("Move data less: keep tensors on the GPU between steps, avoid copies and re-layouts "
+                        "(.contiguous(), transposes) in the loop; " + NSYS),
+        }, "Move data less: keep the data on the GPU between steps and avoid copies and re-layouts "
+           "(transposes) in the loop; " + NSYS)
     else:
         evidence["kind"] = "kernels"
         message = (f"Memory-bound kernels: DRAM bandwidth was {dram:.1f}% busy (near its practical peak of "

@@ -132,8 +132,9 @@ RULES: tuple[Rule, ...] = (
         "pcie_bound", "Host-device transfers (PCIe)",
         "Judged per direction against the link the GPU reported (generation and width from NVML, at "
         "PCI-SIG's per-lane rates), or Gen5 x16 where it reported none (GPM exists only on Hopper and "
-        "newer, which are Gen5). Half the link one way (ours) with SM activity under 50% means the GPU "
-        "waits on copies. Whether GPUDirect network traffic shows in these counters is unverified.",
+        "newer, which are Gen5). Half the link one way (ours) with SM activity under 50% (DCGM's "
+        "'likely ineffective' line) means the GPU waits on copies. Whether GPUDirect network traffic "
+        "shows in these counters is unverified.",
         {"link_fraction": 0.5, "sm_pct": 50.0}, ("pcie_rx_mbps", "pcie_tx_mbps", "sm_active"), _pcie_bound,
         evidence=("pcie_busiest_direction_mib_s", "link_used_pct", "link", "link_source", "link_below_max",
                   "sm_active_mean_pct", *PER_GPU),
@@ -142,8 +143,8 @@ RULES: tuple[Rule, ...] = (
         "nvlink_bound", "GPU-to-GPU communication (NVLink)",
         "Judged per direction against the GPU's active links as NVML reported them, or 450 GB/s per "
         "direction where it reported none (H100 SXM's usual figure, unverified). Half of that one way "
-        "(ours) with SM activity under 50% means the GPUs wait on each other. Fewer GPUs is never "
-        "suggested: it breaks tensor- and pipeline-parallel models.",
+        "(ours) with SM activity under 50% (DCGM's 'likely ineffective' line) means the GPUs wait on "
+        "each other. Fewer GPUs is never suggested: it breaks tensor- and pipeline-parallel models.",
         {"link_fraction": 0.5, "sm_pct": 50.0, "assumed_gbps": 450.0},
         ("nvlink_rx_mbps", "nvlink_tx_mbps", "sm_active"), _nvlink_bound,
         evidence=("nvlink_busiest_direction_mib_s", "link_used_pct", "link", "link_source",
@@ -153,8 +154,8 @@ RULES: tuple[Rule, ...] = (
         "spread_nodes", "GPUs spread over more nodes than needed",
         "GPUs on one node talk over NVLink; across nodes, over the network, which is many times "
         "slower. A multi-node job that would fit on fewer nodes (their GPUs from Slurm's node config, "
-        "else gpus_per_node) is flagged, as Princeton's job_defense_shield flags jobs using fewer "
-        "GPUs per node than a node has.",
+        "else gpus_per_node, 4 by default: ours, a common node size) is flagged, as Princeton's "
+        "job_defense_shield flags jobs using fewer GPUs per node than a node has.",
         {"gpus_per_node": 4.0}, (), _spread_nodes,
         evidence=("nodes", "nodes_needed", "gpus_allocated", "gpus_per_node_used", "gpus_per_node"),
     ),

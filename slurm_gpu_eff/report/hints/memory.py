@@ -10,6 +10,7 @@ from .core import (
     PER_GPU,
     PREALLOCATING,
     Rule,
+    by_utilisation_alone,
     cpus_per_gpu,
     fitted,
     gib,
@@ -72,7 +73,7 @@ def _gpu_memory(report: JobReport, p: dict[str, float]) -> list[Hint]:
         need = max(1, math.ceil(peak * 1.25 / GIB))
         evidence["mem_needed_gib"] = need
         message = (f"A small job for this GPU: the peak was {peak / GIB:.1f} GiB of {total / GIB:.0f} GiB "
-                   f"({100 * peak / total:.0f}%), with low use and few cores.")
+                   f"({100 * peak / total:.0f}%), with low use and few cores." + by_utilisation_alone(low))
         fix = (f"Ask for a smaller GPU type or a MIG slice with at least {need} GiB where the site "
                "has one ('#SBATCH --gres=gpu:<type>:1')")
         hints.append(hint("gpu_memory", "info", message, evidence, fix, None))
@@ -84,8 +85,8 @@ RULES: tuple[Rule, ...] = (
         "gpu_memory", "GPU memory far below or near its total",
         "A MIG slice or smaller GPU is suggested only as Princeton's job_defense_shield does: the "
         "peak under a quarter of the GPU and at most 10 GiB, use (SM activity, else utilisation) "
-        "at most 20% and at most 8 cores per GPU (ours, their cores test unverified); idle GPUs are "
-        "idle_gpus'. At 95% or more (ours) the next larger batch runs out of memory, except with "
+        "at most 20% and at most 8 cores per GPU (ours, their cores test unverified); idle GPUs (under "
+        "5%) are idle_gpus'. At 95% or more (ours) the next larger batch runs out of memory, except with "
         "TensorFlow or JAX, which preallocate by design: for them it is information only.",
         {"low_fraction": 0.25, "mig_gib": 10.0, "mig_util_pct": 20.0, "mig_cpus_per_gpu": 8.0,
          "idle_pct": 5.0, "high_fraction": 0.95},

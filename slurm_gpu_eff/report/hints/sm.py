@@ -142,8 +142,8 @@ def _low_sm(report: JobReport, p: dict[str, float]) -> list[Hint]:
                 + NSYS),
     }, "Give each GPU more work per step (a larger batch or problem size) and find what it waits on: " + NSYS)
     savings = estimated(len(flagged) * elapsed_h(report) * max(0.0, 1 - active / p["sm_target_pct"]),
-                        "if the same work ran at 80% SM activity (NVIDIA's 'necessary' level), treating SM "
-                        "activity as throughput: a rough estimate")
+                        f"if the same work ran at {p['sm_target_pct']:g}% SM activity (NVIDIA's 'necessary' "
+                        "level), treating SM activity as throughput: a rough estimate")
     return [hint("low_sm", "warning", message, evidence, fix, savings)]
 
 
@@ -175,13 +175,18 @@ def _imbalance(report: JobReport, p: dict[str, float]) -> list[Hint]:
     message = (f"Uneven work across the GPUs: {label(gpus[top])} at {busiest:.0f}% {what}, {others} at "
                f"{rest:.0f}% on average: one GPU does most of the work")
     if held:
-        message += (f"; the others hold {mean(mem_peak(g) for g in held) / GIB:.0f} GiB each, so the model "
-                    "is spread over them but its parts wait (stages or a split of unequal weight)")
+        message += (f"; the others hold {mean(mem_peak(g) for g in held) / GIB:.0f} GiB each, so they hold "
+                    "part of the work (parts of a split model, or replicas) but wait on the busy one")
     message += "." + (by_utilisation_alone(gpus) if basis == "util" else "")
+    ddp = ("use DistributedDataParallel (one process per GPU, started by torchrun) rather than "
+           "nn.DataParallel, give each rank an equal share of the data (DistributedSampler), and keep "
+           "logging, evaluation and checkpoints on rank 0 from holding up the others")
+    # Idle-but-full GPUs may hold the parts of a split model: DDP's whole replica per GPU
+    # would not fit there, so it is offered only as one of the two cases.
+    torch = ("If the model is split over the GPUs (device_map, pipeline stages), balance the parts' work; "
+             f"if each GPU holds a replica, {ddp}") if held else ddp[0].upper() + ddp[1:]
     fix = fitted(report, {
-        "pytorch": ("Use DistributedDataParallel (one process per GPU, started by torchrun) rather than "
-                    "nn.DataParallel, give each rank an equal share of the data (DistributedSampler), and "
-                    "keep logging, evaluation and checkpoints on rank 0 from holding up the others"),
+        "pytorch": torch,
         "tensorflow": ("Check that the strategy spreads the work (tf.distribute.MirroredStrategy, the global "
                        "batch a multiple of the GPUs) and that no op is pinned to one GPU"),
         "jax": ("Check that the arrays are sharded over all devices (jax.sharding.NamedSharding over a Mesh "
@@ -190,8 +195,8 @@ def _imbalance(report: JobReport, p: dict[str, float]) -> list[Hint]:
        "are placed); " + NSYS)
     share = mean(act.values()) / busiest
     savings = estimated(len(gpus) * elapsed_h(report) * (1 - share),
-                        "if the work were spread evenly, the job would take the mean over the busiest GPU's "
-                        f"{what} of its time on the same GPUs")
+                        f"if the work were spread evenly: the run would take the GPUs' mean {what} over the "
+                        "busiest one's of its time, a bound")
     return [hint("imbalance", "warning", message, evidence, fix, savings)]
 
 
@@ -213,8 +218,9 @@ RULES: tuple[Rule, ...] = (
         "low_sm", "Low SM activity at middling utilisation",
         "SM activity under 50% is 'likely ineffective' use at any utilisation (DCGM), and memory-"
         "stalled warps count as active, so a low figure is no artefact. This rule takes the GPUs "
-        "from 25% utilisation (low_util's line) that falsely_busy leaves, and tells idle time "
-        "between kernels from small kernels by the ratio of SM activity to utilisation. Savings are "
+        "from 25% utilisation (low_util's line) that falsely_busy leaves (at 60% or more with SM "
+        "activity under 0.6 of it), and tells idle time between kernels from small kernels by the "
+        "ratio of SM activity to utilisation. Savings are "
         "a rough estimate: the work at 80% SM activity, DCGM's 'necessary' level.",
         {"sm_pct": 50.0, "util_low": 25.0, "busy_pct": 60.0, "ratio": 0.6, "sm_target_pct": 80.0},
         ("util", "sm_active"), _low_sm, evidence=("util_mean_pct", "sm_active_mean_pct", *PER_GPU),
@@ -224,7 +230,9 @@ RULES: tuple[Rule, ...] = (
         "Unbalanced multi-GPU jobs are common (Perlmutter's telemetry): rank 0 doing extra work, "
         "DataParallel instead of DDP, uneven shards or pipeline stages. With the busiest GPU at 50% "
         "or more, others under half of it and 30 points below (ours), the hint says so, by SM "
-        "activity where every GPU measures it, else by utilisation. GPUs under 5% are idle_gpus'.",
+        "activity where every GPU measures it, else by utilisation. GPUs under 5% are idle_gpus'; "
+        "others holding 2 GiB or more (ours, as idle_gpus) may hold a split model's parts, so a "
+        "PyTorch job is told to balance those before it is told DDP, which needs a whole replica per GPU.",
         {"idle_pct": 5.0, "busy_pct": 50.0, "low_fraction": 0.5, "gap_pct": 30.0, "held_gib": 2.0},
         ("util",), _imbalance,
         evidence=("basis", "busiest_pct", "others_mean_pct", *PER_GPU),
