@@ -4,6 +4,8 @@ hints must not say as well as what they must. Built as test_hints.py builds repo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from slurm_gpu_eff.report.hints import evaluate, verdict
@@ -369,3 +371,20 @@ def test_cpu_bound_and_mig_advice_say_they_rest_on_utilisation(job_report: Repor
     assert "rests on utilisation alone" in the(small, "gpu_memory").message
     measured = job_report([gpu(util=15.0, sm_active=12.0, mem_used=4 * GIB)])
     assert "rests on utilisation alone" not in the(measured, "gpu_memory").message
+
+
+def test_a_site_cannot_raise_the_gate_past_five_minutes(make_job: Any, make_summary: Any, gpu: Gpus) -> None:
+    """A site's too_early.early_s = 3600 would hide a failed run of ten minutes: the gate
+    stops at five whatever the setting (a lower one is the site's)."""
+    from slurm_gpu_eff.report.hints import HintSettings
+    from slurm_gpu_eff.report.job import build_report
+
+    job = make_job(state="FAILED", elapsed_s=600, gpus=2, nodelist="gpu1")
+    summary = make_summary(node="gpu1", gpus=[gpu(), gpu(minor=1, util=0.0, mem_used=0)])
+    raised = build_report(job, [summary], HintSettings.from_config({"too_early.early_s": "3600"}))
+    said = {h.id for h in raised.hints}  # judged with the site's settings (ids() takes the defaults)
+    assert "too_early" not in said and "idle_gpus" in said
+    lowered = build_report(make_job(state="FAILED", elapsed_s=120, gpus=1, nodelist="gpu1"),
+                           [make_summary(node="gpu1", gpus=[gpu()])],
+                           HintSettings.from_config({"too_early.early_s": "60"}))
+    assert "too_early" not in {h.id for h in lowered.hints}

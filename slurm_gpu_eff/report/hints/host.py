@@ -164,6 +164,9 @@ def _share_holds_the_peak(report: JobReport, per_gpu: float, p: dict[str, float]
     return per_node >= max(p["mem_factor"] * job.max_rss_bytes, p["mem_floor_gib"] * GIB)
 
 
+# A run of five minutes or more is always judged (issue 23): a site may lower the gate's
+# early_s, never raise it past this.
+JUDGED_FROM_S = 300.0
 ENDED = ("FAILED", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "PREEMPTED", "DEADLINE")
 
 
@@ -172,6 +175,7 @@ def _too_early(report: JobReport, p: dict[str, float]) -> list[Hint]:
     alone (evaluate drops the user's others): its figures are start-up, not a verdict."""
     job = report.job
     state = job.state.split()[0] if job.state else ""
+    p = {**p, "early_s": min(p["early_s"], JUDGED_FROM_S)}
     if job.elapsed_s >= p["early_s"] or not (job.running or state in ENDED):
         return []
     evidence = {"elapsed_s": job.elapsed_s, "state": state, "early_s": p["early_s"]}
