@@ -191,6 +191,15 @@ RUNNING = ("import dataclasses, json, sys\n"
            "                  'jobs': {j: v and dataclasses.asdict(v) for j, v in jobs.items()}}))\n")
 
 
+def seconds(duration: str) -> int:
+    """squeue's TimeUsed (D-HH:MM:SS, H:MM:SS, M:SS) in seconds."""
+    days, _, clock = duration.rpartition("-")
+    total = 0
+    for part in clock.split(":"):
+        total = total * 60 + int(part)
+    return total + int(days or 0) * 86400
+
+
 def test_the_idle_watch_reads_running_jobs_alike(cluster: Cluster, configs: dict[str, str]) -> None:
     """What the idle watch asks slurmctld (is the job running, whose, where, since when, its
     task's own id) is the same through either backend, for running jobs of each shape the
@@ -225,6 +234,8 @@ def test_the_idle_watch_reads_running_jobs_alike(cluster: Cluster, configs: dict
             if job == per_job and "gres/gpu=" not in other["tres"]:
                 assert one["tres"].replace(",gres/gpu=2", "") == other["tres"], (one, other)
                 one, other = {**one, "tres": ""}, {**other, "tres": ""}
+            # asked one after the other: the time run may have ticked on between the two
+            assert abs(seconds(one.pop("run_time")) - seconds(other.pop("run_time"))) <= 5, job
             assert other == one, job
         assert (pyslurm["cluster"], pyslurm["private"]) == (commands["cluster"], commands["private"])
     finally:
