@@ -229,8 +229,8 @@ def test_the_idle_watch_reads_running_jobs_alike(cluster: Cluster, configs: dict
         assert commands["jobs"]["999999"] is None and pyslurm["jobs"]["999999"] is None
         per_job = ids["per job"]
         for job in asked[:-1]:
-            one, other = commands["jobs"][job], pyslurm["jobs"][job]
-            assert one is not None and one["state"] == "RUNNING", (job, one)
+            one, other = dict(commands["jobs"][job] or {}), dict(pyslurm["jobs"][job] or {})
+            assert one.get("state") == "RUNNING", (job, one)
             if job == per_job and "gres/gpu=" not in other["tres"]:
                 assert one["tres"].replace(",gres/gpu=2", "") == other["tres"], (one, other)
                 one, other = {**one, "tres": ""}, {**other, "tres": ""}
