@@ -617,16 +617,8 @@ def time_text(at: Any) -> str:
 def job_now(record: dict[str, Any]) -> RunningJob:
     """A slurmctld job record (pyslurm's older job dict) as squeue's row (RunningJob)."""
     raw = str(record["job_id"])
-    array, task = record.get("array_job_id"), record.get("array_task_id")
-    het, offset = record.get("het_job_id"), record.get("het_job_offset")
-    if array and task is not None:
-        task_id = f"{array}_{task}"
-    elif het:
-        task_id = f"{het}+{offset or 0}"
-    elif array:
-        task_id = ""  # the tasks still pending: 1234_[5-9]
-    else:
-        task_id = raw
+    task_id = own_id(raw, record.get("array_job_id"), record.get("array_task_id"),
+                     record.get("het_job_id"), record.get("het_job_offset"))
     start = record.get("start_time")
     limit = record.get("time_limit")
     return RunningJob(
@@ -641,22 +633,23 @@ def job_now(record: dict[str, Any]) -> RunningJob:
     )
 
 
+def own_id(raw: str, array: Any, task: Any, het: Any, offset: Any) -> str:
+    """The id naming an array task or heterogeneous component alone (squeue's %i: 1234_7,
+    1234+1), else the job's raw id; "" for an array's tasks still pending (1234_[5-9])."""
+    if array and task is not None:
+        return f"{array}_{task}"
+    if het:
+        return f"{het}+{offset or 0}"
+    return "" if array else raw
+
+
 def job_now_newer(job: Any) -> RunningJob:
     """A slurmctld job as pyslurm's newer API (`pyslurm.Job`, 23.x and later) gives it, as
     squeue's row. That API has no allocated TRES string: `tres` is put together from the
     parts it has, in Slurm's own form, and names a GPU count only where the job asked per
     node (--gres, --gpus-per-node); a request per job (--gpus=N) leaves gres/gpu out."""
-    array, task = job.array_id, job.array_task_id
-    het, offset = job.heterogeneous_id, job.heterogeneous_offset
     raw = str(job.id)
-    if array and task is not None:
-        task_id = f"{array}_{task}"
-    elif het:
-        task_id = f"{het}+{offset or 0}"
-    elif array:
-        task_id = ""
-    else:
-        task_id = raw
+    task_id = own_id(raw, job.array_id, job.array_task_id, job.heterogeneous_id, job.heterogeneous_offset)
     limit = job.time_limit
     return RunningJob(
         job_id=raw, name=job.name or "", user=job.user_name or "", account=job.account or "",

@@ -187,7 +187,7 @@ CAP_UNKNOWN = " (no more than the node's cores per GPU)"  # said where Slurm's n
 
 def interactive(report: JobReport) -> bool:
     """An interactive session (no batch step), known as such; None (unknown) is not."""
-    return getattr(report.job, "interactive", None) is True
+    return report.job.interactive is True
 
 
 def mem_peak(g: GpuLine) -> float:
