@@ -66,7 +66,8 @@ deps:
 venv: deps $(VENV)/.installed $(STANDIN) pyslurm
 
 # Debian's own Python, not a pyenv shim: the jobs of unprivileged users run it too.
-$(VENV)/.installed: pyproject.toml
+# (the venv's bin/gpueff and hooks are copies of these, made at install time)
+$(VENV)/.installed: pyproject.toml bin/gpueff prolog/gpueff-prolog epilog/gpueff-epilog
 	$(PY_BASE) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,sim,postgres]'
 	$(PY) -c 'from slurm_gpu_eff.report.render import precompile; precompile()'

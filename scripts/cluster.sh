@@ -585,7 +585,10 @@ mounted_in_root() { awk -v root="$ROOT/" 'index($5, root) == 1 { print $5 }' /pr
 # pyslurm for the release where its sources are at hand (24.11; compiled once, then kept).
 ensure_root_venv() {
   [ -n "$ROOT" ] || return 0
-  [ "$VENV/.installed" -nt "$REPO/pyproject.toml" ] || make_root_venv
+  local source  # the venv's scripts are copies of these, made at install time
+  for source in pyproject.toml bin/gpueff prolog/gpueff-prolog epilog/gpueff-epilog; do
+    [ "$VENV/.installed" -nt "$REPO/$source" ] || { make_root_venv; break; }
+  done
   bash "$REPO/scripts/build-pyslurm.sh" root "$SLURM_REL" "$VENV" || die "could not build pyslurm for Slurm $SLURM_REL"
 }
 

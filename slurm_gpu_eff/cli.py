@@ -146,6 +146,32 @@ def cmd_doctor(args: argparse.Namespace) -> tuple[str, int]:
     return render_doctor(as_dict(ready, checks, notes), as_json=args.json), 0 if ready else NOT_READY
 
 
+def plain_report(argv: list[str]) -> argparse.Namespace | None:
+    """`gpueff JOBID [--json] [--config FILE] [--debug]`, the everyday call, read without
+    argparse (~5 ms to load before the report can go on): the Namespace report_parser()
+    would give. Anything else (--help, an abbreviation, a typo, a second JOBID) is left to
+    argparse, which says what is wrong."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    values: dict[str, Any] = {"job_id": argv[0], "json": False, "config": None, "debug": False}
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg in ("--json", "--debug"):
+            values[arg[2:]] = True
+        elif arg == "--config":
+            value = next(rest, None)
+            if value is None or value.startswith("-"):
+                return None
+            values["config"] = value
+        elif arg.startswith("--config="):
+            values["config"] = arg.partition("=")[2]
+        else:
+            return None
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**values)  # type: ignore[return-value]  # read as argparse's
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="config file (default: $GPUEFF_CONFIG or /etc/slurm-gpu-eff/gpueff.toml)"
@@ -163,15 +189,12 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None, alone: b
     from functools import partial
 
     from .report.hints import HintSettings
-    from .report.job import prepare
     from .report.lookup import job_report
-    from .report.render import prepare as prepare_render
-    from .report.render import render_json, render_text
+    from .report.render import prepare, render_json, render_text
 
     # Whatever does not depend on the job, made ready before sacct is waited for: after
     # its answer only the job's own work is left.
-    prepare()
-    prepare_render(args.json)
+    prepare(args.json)
     if alone:
         # What is loaded stays for the process's life: the collector need not go through
         # it again (a full pass over it cost ~10 ms after sacct's answer), only the job's.
@@ -362,17 +385,33 @@ def _status_text(status: Any, outbox: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def early_sacct(argv: list[str]) -> SacctRun | None:
+def early_sacct(argv: list[str], handed: str | None = None) -> SacctRun | None:
     """The report's sacct, started before anything else loads (argparse included): slurmdbd
-    answers while gpueff starts. None when argv is not a plain report, or anything is
-    amiss: the normal path then says what."""
+    answers while gpueff starts. `handed`: the one bin/gpueff started before the
+    interpreter ($GPUEFF_EARLY_SACCT), taken if it is that same command. None when argv is
+    not a plain report, or anything is amiss: the normal path then says what."""
+    from .slurm.sacct import SacctRun
+
+    named = _report_sacct(argv)
+    if named is None:
+        if handed is not None:
+            SacctRun.drop(handed)
+        return None
+    try:
+        return SacctRun(argv[0], *named, handed=handed)
+    except GpuEffError:
+        return None
+
+
+def _report_sacct(argv: list[str]) -> tuple[str, str] | None:
+    """The report's sacct and comment field where argv asks for a report that sacct
+    answers; None otherwise (pyslurm's, not a report, a config load_config() refuses)."""
     if not argv or argv[0] in ("spool", "deliver", "report", "config", "doctor") or argv[0].startswith("-"):
         return None
     config = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
     config = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), config)
     try:
         from .config import sacct_settings
-        from .slurm.sacct import SacctRun
 
         named = sacct_settings(config)
         if named is None:
@@ -380,7 +419,7 @@ def early_sacct(argv: list[str]) -> SacctRun | None:
             if loaded.slurm_backend == "pyslurm":  # asked in-process instead (auto: sacct, slurm/access.py)
                 return None
             named = loaded.sacct, loaded.comment_field
-        return SacctRun(argv[0], *named)
+        return named
     except GpuEffError:
         return None
 
@@ -390,10 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     if own:
         gc.disable()  # while it loads (cmd_report enables it again, other commands below)
     argv = sys.argv[1:] if argv is None else argv
-    early = early_sacct(argv)
+    # bin/gpueff's sacct, if it started one: ours to take or stop, and no child's to see
+    handed = os.environ.pop("GPUEFF_EARLY_SACCT", None) if own else None
+    early = early_sacct(argv, handed)
     from functools import partial  # here: nothing but the standard library's least before sacct
 
     command: Callable[[argparse.Namespace], str | tuple[str, int]]
+    args: argparse.Namespace | None = None
     job = False  # `gpueff JOBID`, the report of one job
     if argv[:1] == ["deliver"]:
         parser, command, argv = spool_parser("gpueff deliver"), cmd_spool, argv[1:]
@@ -406,10 +448,14 @@ def main(argv: list[str] | None = None) -> int:
     elif argv[:1] == ["doctor"]:
         parser, command, argv = doctor_parser(), cmd_doctor, argv[1:]
     else:
-        parser, command, job = report_parser(), partial(cmd_report, early=early, alone=own), True
+        command, job = partial(cmd_report, early=early, alone=own), True
+        args = plain_report(argv)
+        if args is None:
+            parser = report_parser()
     if own and not job:
         gc.enable()
-    args = parser.parse_args(argv)
+    if args is None:
+        args = parser.parse_args(argv)
     status = _run(command, args)
     if own and job:
         _leave(status)

@@ -5,12 +5,10 @@ Pure data in, data out; the CLI fetches, this module computes, the renderer form
 
 from __future__ import annotations
 
-import time
-
 from ..errors import NoGpus, NoSummary
 from ..hostlist import expand_hostlist
 from ..model import COMPLETE, MISSING, PARTIAL, RUNNING, GpuSummary, NodeSummary
-from ..slurm.records import SlurmJob
+from ..slurm.records import SlurmJob, local_epoch
 from .hints import HintSettings, evaluate, verdict
 from .shapes import GpuLine, GroupReport, JobReport, clock, shared_with_shown, with_another_job
 
@@ -44,7 +42,7 @@ def this_run(job: SlurmJob, summaries: list[NodeSummary]) -> tuple[list[NodeSumm
     listed = job.nodelist.strip()
     nodes = {n.strip() for n in expand_hostlist(listed)} if listed not in ("", "None assigned") else None
     mine = [s for s in summaries if nodes is None or s.node in nodes]
-    start = _epoch(job.start)
+    start = local_epoch(job.start)
     if start is None:  # a time sacct did not give: each node's latest run
         latest: dict[str, float] = {}
         for s in mine:
@@ -55,19 +53,6 @@ def this_run(job: SlurmJob, summaries: list[NodeSummary]) -> tuple[list[NodeSumm
     return current, [s for s in summaries if s not in current]
 
 
-def prepare() -> None:
-    """Made ready ahead of the job (while sacct answers): time.strptime, which imports its
-    module and builds the locale's patterns at its first call (several ms), for sacct's
-    times."""
-    _epoch("2000-01-01T00:00:00")
-
-
-def _epoch(text: str) -> float | None:
-    """sacct's local time (2026-11-20T10:00:00) as epoch seconds; None for Unknown/None."""
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except (ValueError, OverflowError):
-        return None
 
 
 def _runs(summaries: list[NodeSummary]) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import NoGpus, NoSummary, UsageError
 from ..hostlist import expand_hostlist
 from ..model import IDLE_UTIL
-from ..slurm.records import SlurmJob, parse_tres, sacct_time
+from ..slurm.records import SlurmJob, local_epoch, parse_tres, sacct_time
 from ..store.base import HINT_BITS, Store
 from ..store.usage import (
     GROUPINGS,
@@ -123,7 +123,7 @@ class Synced:
 
 def gpu_jobs(jobs: Iterable[SlurmJob]) -> list[SlurmJob]:
     """Runs that had GPUs and started (a pending job or array range has no allocation)."""
-    return [j for j in jobs if j.gpus > 0 and j.state != "PENDING" and _epoch(j.start) is not None]
+    return [j for j in jobs if j.gpus > 0 and j.state != "PENDING" and local_epoch(j.start) is not None]
 
 
 def sync(store: Store, jobs: list[SlurmJob], period: Period, read_store: Callable[[], Store],
@@ -163,7 +163,7 @@ def _settled(job: SlurmJob, stored: tuple[str, int, str] | None, now: float) -> 
     if stored is None or job.running or stored[1]:
         return False
     state, _, figures = stored
-    ended = (_epoch(job.start) or now) + job.elapsed_s
+    ended = (local_epoch(job.start) or now) + job.elapsed_s
     return state == job.state and (figures == "complete" or now - ended > SETTLE_S)
 
 
@@ -252,15 +252,8 @@ def _model(job: SlurmJob, report: JobReport | None) -> str:
     return typed[0] if typed else "unknown"
 
 
-def _epoch(text: str) -> float | None:
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except (ValueError, OverflowError):
-        return None
-
-
 def _start(job: SlurmJob) -> int:
-    return int(_epoch(job.start) or 0)
+    return int(local_epoch(job.start) or 0)
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -420,7 +413,7 @@ def my_report(jobs: list[SlurmJob], period: Period, read_store: Callable[[], Sto
     for found in gather(gpu_jobs(jobs), read_store):
         job = found.job
         report = _report(job, found.summaries, settings, found.unavailable)
-        start = _epoch(job.start) or period.since
+        start = local_epoch(job.start) or period.since
         end = start + job.elapsed_s
         share = _share(start, end, period)
         job_alloc = job.gpus * job.elapsed_s / HOUR * share

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 from ..config import Config, find_command
 from ..errors import JobNotFound, NotPermitted, SlurmError
@@ -27,6 +26,7 @@ from .records import (
     allocated_gpus,
     allocated_memory,
     interactive,
+    local_epoch,
     members,
     mirrored_gpus,
     node_share,
@@ -422,9 +422,4 @@ def _job_now(values: list[str]) -> RunningJob:
 def _start(text: str) -> float | None:
     """Epoch seconds as asked, or Slurm's standard local time (a squeue that ignored
     SLURM_TIME_FORMAT); None for "N/A", "Unknown": no start to compare with."""
-    if text.isdigit():
-        return float(text)
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
+    return float(text) if text.isdigit() else local_epoch(text)

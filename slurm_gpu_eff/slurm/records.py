@@ -192,6 +192,26 @@ def parse_duration(text: str) -> float:
     return seconds + (int(days) * 86400 if days else 0)
 
 
+def local_epoch(text: str) -> float | None:
+    """Slurm's standard local time (2026-11-20T10:00:00, as sacct and squeue print it) as
+    epoch seconds; None for Unknown, None, N/A or anything else. Read by hand, not with
+    time.strptime, which loads _strptime and builds the locale's patterns at its first
+    call (~3 ms of `gpueff JOBID`)."""
+    digits = text[0:4] + text[5:7] + text[8:10] + text[11:13] + text[14:16] + text[17:19]
+    if (len(text) != 19 or text[4] != "-" or text[7] != "-" or text[10] != "T" or text[13] != ":"
+            or text[16] != ":" or not (digits.isascii() and digits.isdigit())):
+        return None
+    year, month, day, hour, minute, second = (int(digits[i:i + 2]) for i in range(2, 14, 2))
+    year += int(digits[0:2]) * 100
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second <= 61):
+        return None
+    try:
+        epoch = time.mktime((year, month, day, hour, minute, second, 0, 0, -1))
+    except (OverflowError, ValueError):
+        return None
+    return epoch if time.localtime(epoch)[1:3] == (month, day) else None  # no 30 February
+
+
 def sacct_time(epoch: float) -> str:
     """Epoch seconds as sacct reads (-S, -E) and writes them: local time."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))

@@ -72,6 +72,46 @@ def _inherited() -> list[int]:
     return fds
 
 
+def sacct_command(job_id: str, sacct: str, comment_field: str, delimiter: str) -> list[str]:
+    """The report's query (bin/gpueff starts the same, comment field and sacct at their
+    defaults)."""
+    fields = [comment_field if f == "AdminComment" else f for f in FIELDS]
+    return [sacct, "-j", job_id, "-P", "-n", f"--delimiter={delimiter}", "--format=" + ",".join(fields)]
+
+
+def _handed(text: str) -> tuple[int | None, int, int, list[str]]:
+    """bin/gpueff's description of the sacct it started: (pid, out, err, argv), pid None
+    where it is not one (set by hand, or garbled)."""
+    words = text.split("\x1e")
+    try:
+        pid, out, err = (int(w) for w in words[:3])
+    except ValueError:
+        return None, -1, -1, []
+    if pid <= 0 or min(out, err) <= 2 or out == err:
+        return None, -1, -1, []
+    return pid, out, err, words[3:]
+
+
+def _fresh(delimiter: str) -> bool:
+    """A delimiter made the way bin/gpueff makes them: random hex between unit separators."""
+    middle = delimiter[1:-1]
+    return (len(delimiter) >= 18 and delimiter[0] == delimiter[-1] == "\x1f"
+            and all(c in "0123456789abcdef" for c in middle))
+
+
+def _pipe(fd: int) -> bool:
+    try:
+        return (os.fstat(fd).st_mode & 0o170000) == 0o010000  # S_IFIFO, without the stat module
+    except OSError:
+        return False
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if _pipe(fd):  # only a pipe: any other number is not one we were handed
+            os.close(fd)
+
+
 class SacctRun:
     """`sacct -j JOBID` with FIELDS, running from the moment this is made.
 
@@ -87,16 +127,23 @@ class SacctRun:
 
     TIMEOUT_S = 60
 
-    def __init__(self, job_id: str, sacct: str = "sacct", comment_field: str = "AdminComment") -> None:
-        self.job_id = check_job_id(job_id)
+    def __init__(self, job_id: str, sacct: str = "sacct", comment_field: str = "AdminComment",
+                 handed: str | None = None) -> None:
+        """`handed`: a sacct already running, as bin/gpueff describes it
+        ($GPUEFF_EARLY_SACCT): taken if it is exactly this command, else stopped."""
+        try:
+            self.job_id = check_job_id(job_id)
+        except UsageError:
+            if handed is not None:
+                self.drop(handed)
+            raise
         self.sacct, self.comment_field = sacct, comment_field
-        self.delimiter = fresh_delimiter()
         self.started = time.monotonic()
-        fields = [comment_field if f == "AdminComment" else f for f in FIELDS]
-        command = [
-            sacct, "-j", self.job_id, "-P", "-n", f"--delimiter={self.delimiter}",
-            "--format=" + ",".join(fields),
-        ]
+        self.reaped: int | None = None  # sacct's wait status, where take() reaped it
+        if handed is not None and self.take(handed):
+            return
+        self.delimiter = fresh_delimiter()
+        command = self.command(self.delimiter)
         self.out, out_w = os.pipe()
         self.err, err_w = os.pipe()
         try:
@@ -115,6 +162,50 @@ class SacctRun:
         finally:
             os.close(out_w)
             os.close(err_w)
+
+    def command(self, delimiter: str) -> list[str]:
+        return sacct_command(self.job_id, self.sacct, self.comment_field, delimiter)
+
+    def take(self, handed: str) -> bool:
+        """Take the sacct bin/gpueff started ("PID\x1eOUT\x1eERR\x1eARGV..." with \x1e
+        between argv's words) where it is this process's child, its output and errors come
+        on pipes, and it runs exactly this command with a fresh delimiter (sacct.FIELDS and
+        bin/gpueff's fields are the same list: tested). A child of ours that is not that is
+        stopped and its pipes closed; what is not our child is left alone, files and all
+        (a description set by hand). The caller then starts its own."""
+        pid, out, err, command = _handed(handed)
+        if pid is None:
+            return False
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not ours: not to be waited for, stopped, nor its files closed
+            return False
+        delimiter = next((a[12:] for a in command if a.startswith("--delimiter=")), "")
+        if not (_fresh(delimiter) and command == self.command(delimiter) and _pipe(out) and _pipe(err)):
+            if not done:
+                os.kill(pid, SIGKILL)
+                os.waitpid(pid, 0)
+            _close(out, err)
+            return False
+        os.set_inheritable(out, False)  # nothing we start gets them
+        os.set_inheritable(err, False)
+        self.pid, self.out, self.err, self.delimiter = pid, out, err, delimiter
+        self.reaped = status if done else None
+        return True
+
+    @staticmethod
+    def drop(handed: str) -> None:
+        """A sacct bin/gpueff started that nothing takes (not a report after all): stopped."""
+        pid, out, err, _ = _handed(handed)
+        if pid is None:
+            return
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                os.kill(pid, SIGKILL)
+                os.waitpid(pid, 0)
+        except ChildProcessError:  # not ours: its files are none of ours either
+            return
+        _close(out, err)
 
     def text(self) -> str:
         import select
@@ -143,7 +234,8 @@ class SacctRun:
         finally:
             for fd in read:
                 os.close(fd)
-        status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        waited = self.reaped if self.reaped is not None else os.waitpid(self.pid, 0)[1]
+        status = os.waitstatus_to_exitcode(waited)
         if status != 0:
             err = b"".join(read[self.err])
             first = (err.decode("utf-8", "replace").strip().splitlines() or ["no message"])[0]

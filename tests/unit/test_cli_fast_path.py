@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 
 from slurm_gpu_eff.config import sacct_settings
 from slurm_gpu_eff.errors import SlurmError
-from slurm_gpu_eff.slurm.sacct import SacctRun
+from slurm_gpu_eff.slurm.sacct import FIELDS, SacctRun, sacct_command
 from tests.configfile import write_config
 from tests.unit.test_slurm import FIXTURES, fake_sacct
 
@@ -164,7 +165,7 @@ def test_gpueff_starts_sacct_before_the_toml_reader_typing_or_subprocess_load(tm
     # (not under tmp_path: its name holds "sacct", which leaves the file to the TOML reader)
     config = write_config(tmp_path / "gpueff.toml", {"store": {"path": "/var/lib/x.db"}})
     script = (ROOT / "bin" / "gpueff").read_text()
-    assert "import sys\n\nfrom slurm_gpu_eff.cli import main\n" in script and "import re" not in script
+    assert "exec \"$py\" -I -c 'import sys; from slurm_gpu_eff.cli import main; sys.exit(main())'" in script
     probe = (
         "import os, sys\n"
         "def spawn(*args, **kwargs):\n"
@@ -222,3 +223,166 @@ def test_b32decode_is_base64_s_for_every_length_and_every_wrong_input() -> None:
         assert _either(lambda t=text: b32decode(t)) == _either(lambda t=text: base64.b32decode(padded(t)))
     for text in ["A0", "AB=C", "ab", "A B", "1", "\u00c4B", "_AB", "+AB", "AAAAAAA-", "A" * 9, "-1"]:
         assert _either(lambda t=text: b32decode(t)) == _either(lambda t=text: base64.b32decode(padded(t)))
+
+
+# --- bin/gpueff: sacct started before the interpreter, taken only if it is Python's own ----------
+
+LAUNCHER = ROOT / "bin" / "gpueff"
+
+
+def counting_sacct(directory: Path, rows: Path) -> Path:
+    """A sacct that says each run (its arguments, a line) in directory/runs, then answers."""
+    return fake_sacct(directory, f'printf "%s\\n" "$*" >> {directory / "runs"}\nemit {rows}\n')
+
+
+def launched(path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`gpueff ARGS` as users run it (bin/gpueff), the sacct in `path` first on PATH."""
+    env = {**os.environ, "PATH": f"{path}:{os.environ['PATH']}", **(env or {})}
+    env.pop("PYTHONUNBUFFERED", None)
+    return subprocess.run([str(LAUNCHER), *args], env=env, text=True, capture_output=True, timeout=60,
+                          check=False)
+
+
+def test_the_launcher_s_query_is_the_one_the_report_reads(
+    tmp_path: Path, job_site: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (its name holds no "sacct": the config written under tmp_path would then be left to Python)
+    from slurm_gpu_eff.cli import main
+
+    counting_sacct(tmp_path, tmp_path / "rows.txt")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for form in ([], ["--json"]):
+        assert main(["4242", *form, "--config", str(job_site)]) == 0
+        shown = capsys.readouterr().out
+        (tmp_path / "runs").unlink()
+        done = launched(tmp_path, "4242", *form, "--config", str(job_site))
+        runs = (tmp_path / "runs").read_text().splitlines()
+        (tmp_path / "runs").unlink()
+        # one sacct, bin/gpueff's (its delimiter: 32 digits, Python's has 16), taken as it was
+        assert len(runs) == 1 and re.search("--delimiter=\x1f[0-9a-f]{32}\x1f ", runs[0]), runs
+        assert runs[0].endswith("--format=" + ",".join(FIELDS))
+        assert (done.returncode, done.stdout, done.stderr) == (0, shown, "")
+
+
+def test_a_config_that_may_name_sacct_leaves_it_to_python(tmp_path: Path, job_site: Path) -> None:
+    on_path, named = tmp_path / "path", tmp_path / "named"
+    for directory in (on_path, named):
+        directory.mkdir()
+        counting_sacct(directory, tmp_path / "rows.txt")
+    config = tmp_path / "gpueff.toml"
+    config.write_text(f'[slurm]\nsacct = "{named / "sacct"}"\n[store]\npath = "{tmp_path / "absent.db"}"\n')
+    done = launched(on_path, "4242", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert not (on_path / "runs").exists()  # the launcher started none
+    assert len((named / "runs").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["--help"], ["config", "--json"], ["report", "--help"], ["4242x"]])
+def test_the_launcher_leaves_every_other_call_as_it_was(
+    tmp_path: Path, job_site: Path, args: list[str],
+) -> None:
+    counting_sacct(tmp_path, tmp_path / "rows.txt")
+    args = [*args, "--config", str(job_site)] if args[0] in ("config", "4242x") else args
+    done = launched(tmp_path, *args)
+    assert not (tmp_path / "runs").exists()
+    slow = subprocess.run([sys.executable, "-m", "slurm_gpu_eff.cli", *args], text=True,
+                          capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (done.returncode, done.stdout, done.stderr) == (slow.returncode, slow.stdout, slow.stderr)
+
+
+def spawned(command: list[str]) -> tuple[int, int, int]:
+    """A child as bin/gpueff leaves one: (pid, its output's pipe, its errors' pipe)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.posix_spawnp(command[0], command, os.environ,
+                          file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+    os.close(out_w)
+    os.close(err_w)
+    return pid, out_r, err_r
+
+
+def described(pid: int, out: int, err: int, command: list[str]) -> str:
+    return "\x1e".join([str(pid), str(out), str(err), *command])
+
+
+DELIMITER_32 = "\x1f" + "0123456789abcdef" * 2 + "\x1f"
+
+
+def test_a_handed_sacct_of_another_command_is_stopped_and_python_asks_itself(tmp_path: Path) -> None:
+    script = counting_sacct(tmp_path, FIXTURES / "completed_2gpu.txt")
+    other = sacct_command("4243", str(script), "AdminComment", DELIMITER_32)  # another job's
+    pid, out, err = spawned(["sleep", "30"])
+    run = SacctRun("4242", str(script), handed=described(pid, out, err, other))
+    with pytest.raises(ChildProcessError):  # stopped and reaped
+        os.waitpid(pid, os.WNOHANG)
+    assert run.text().startswith("4242") and len((tmp_path / "runs").read_text().splitlines()) == 1
+    assert run.delimiter != DELIMITER_32
+
+
+def test_a_handed_sacct_that_has_ended_is_read_and_its_status_kept(tmp_path: Path) -> None:
+    script = counting_sacct(tmp_path, FIXTURES / "completed_2gpu.txt")
+    command = sacct_command("4242", str(script), "AdminComment", DELIMITER_32)
+    pid, out, err = spawned(command)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "runs").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # and has exited
+    run = SacctRun("4242", str(script), handed=described(pid, out, err, command))
+    assert (run.pid, run.delimiter) == (pid, DELIMITER_32)
+    assert run.text().startswith("4242") and len((tmp_path / "runs").read_text().splitlines()) == 1
+    (tmp_path / "failing").mkdir()
+    failing = fake_sacct(tmp_path / "failing", "echo 'sacct: error: slurmdbd down' >&2\nexit 1\n")
+    command = sacct_command("4242", str(failing), "AdminComment", DELIMITER_32)
+    pid, out, err = spawned(command)
+    with pytest.raises(SlurmError, match="sacct failed: sacct: error: slurmdbd down"):
+        SacctRun("4242", str(failing), handed=described(pid, out, err, command)).text()
+
+
+@pytest.mark.parametrize("handed", [
+    "", "x", "1\x1e5\x1e6", "1\x1e5\x1e6\x1esacct\x1e-j\x1e4242", "0\x1e5\x1e6\x1esacct",
+    "-5\x1e5\x1e6", "12\x1e1\x1e2\x1esacct", "12\x1e7\x1e7\x1esacct",
+])
+def test_a_description_that_is_not_of_our_child_is_ignored(tmp_path: Path, handed: str) -> None:
+    script = counting_sacct(tmp_path, FIXTURES / "completed_2gpu.txt")
+    kept_r, kept_w = os.pipe()  # a pipe of ours the description names: not its to close
+    try:
+        handed = handed.replace("\x1e5\x1e6", f"\x1e{kept_r}\x1e{kept_w}")
+        run = SacctRun("4242", str(script), handed=handed)
+        assert run.text().startswith("4242") and run.pid != 1
+        os.fstat(kept_r)
+        os.fstat(kept_w)
+    finally:
+        os.close(kept_r)
+        os.close(kept_w)
+    assert len((tmp_path / "runs").read_text().splitlines()) == 1
+
+
+def test_a_handed_sacct_that_is_not_a_report_after_all_is_stopped() -> None:
+    from slurm_gpu_eff.cli import early_sacct
+
+    pid, out, err = spawned(["sleep", "30"])
+    assert early_sacct(["doctor"], described(pid, out, err, ["sacct"])) is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.parametrize("argv", [
+    ["1234"], ["1234", "--json"], ["1234_7", "--config", "/x.toml"], ["1234+1", "--config=/x.toml"],
+    ["1234", "--debug", "--json", "--config", "a", "--config", "b"], ["1234", "--config="],
+    ["1234", "--conf", "/x"], ["1234", "--json=1"], ["1234", "5678"], ["1234", "--config"],
+    ["1234", "--config", "--json"], ["1234", "--help"], ["--json", "1234"], ["1234", "--", "x"],
+    ["1234", "-h"], [],
+])
+def test_the_everyday_call_reads_as_argparse_reads_it(argv: list[str]) -> None:
+    from slurm_gpu_eff.cli import plain_report, report_parser
+
+    plain = plain_report(argv)
+    try:
+        parsed: object = vars(report_parser().parse_args(argv))
+    except SystemExit as exc:
+        parsed = exc.code
+    if plain is not None:
+        assert vars(plain) == parsed
+    else:  # left to argparse: what it refuses, asks for help with, or reads otherwise
+        assert argv == [] or parsed in (0, 2) or argv[0].startswith("-") or "--conf" in argv or "--" in argv
