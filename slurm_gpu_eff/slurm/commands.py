@@ -276,6 +276,7 @@ class Commands(Slurm):
         super().__init__(config.comment_field, why)
         self.config = config
         self.early = early  # the report's sacct, started before gpueff loaded (sacct.py)
+        self.early_nodes = early.nodes if early is not None else None  # and every node's config
 
     def command(self, name: str) -> str:
         return find_command(getattr(self.config, name))
@@ -309,6 +310,13 @@ class Commands(Slurm):
         return private_jobs(self.command("scontrol"))
 
     def node_shares(self, nodes: list[str]) -> dict[str, dict[str, int]]:
+        early, self.early_nodes = self.early_nodes, None  # read once
+        if early is not None and early.argv[0] == self.command("scontrol"):
+            try:
+                text = early.text()
+            except SlurmError:
+                return {}
+            return parse_node_lines(text, only=set(nodes))
         return node_shares(nodes, self.command("scontrol"))
 
     def scancel(self, job_id: str) -> None:
@@ -335,14 +343,18 @@ def node_shares(nodes: list[str], scontrol: str = "scontrol") -> dict[str, dict[
         return {}
     if done.returncode != 0:
         return {}
-    return parse_node_lines(done.stdout.decode("utf-8", "replace"))
+    return parse_node_lines(done.stdout.decode("utf-8", "replace"), only=set(names))
 
 
-def parse_node_lines(text: str) -> dict[str, dict[str, int]]:
-    """`scontrol show node -o` lines -> node -> share. Values may hold spaces (OS=, Reason=):
-    only the fields read are matched, each by its own name after a space."""
+def parse_node_lines(text: str, only: set[str] | None = None) -> dict[str, dict[str, int]]:
+    """`scontrol show node -o` lines -> node -> share; `only`: those nodes' lines alone
+    (the others left unread: a large cluster's listing is thousands). Values may hold
+    spaces (OS=, Reason=): only the fields read are matched, each by its own name after a
+    space."""
     shares = {}
     for line in text.splitlines():
+        if only is not None and line.partition(" ")[0][9:] not in only:
+            continue
         name = re.match(r"NodeName=(\S+)", line)
         tres = re.search(r" CfgTRES=(\S*)", line)
         if not name or not tres:

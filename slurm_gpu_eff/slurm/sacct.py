@@ -112,20 +112,91 @@ def _close(*fds: int) -> None:
             os.close(fd)
 
 
-class SacctRun:
-    """`sacct -j JOBID` with FIELDS, running from the moment this is made.
+class EarlyRun:
+    """A Slurm command running from the moment this is made; text() waits for its output.
 
     Started with os.posix_spawnp, not subprocess: importing subprocess (and its signal,
     threading, selectors, locale) cost ~4 ms before sacct could start. What Popen does is
-    done here: stdin from /dev/null, stdout and stderr read until sacct closes them,
-    SIGPIPE and SIGXFSZ at their defaults in sacct (Python ignores them), no file open in
+    done here: stdin from /dev/null, stdout and stderr read until the command closes them,
+    SIGPIPE and SIGXFSZ at their defaults in it (Python ignores them), no file open in
     it but those three (Python's own are not inheritable; any gpueff was started with,
     beyond 0-2, is closed), exec's PATH search. One difference: glibc's posix_spawn leaves
     its own two internal signals (32, 33: thread cancellation, setxid) ignored in the
     child, where Popen leaves them at their defaults; glibc installs its handlers for them
-    when a program first needs them, so sacct is none the worse."""
+    when a program first needs them, so the command is none the worse."""
 
     TIMEOUT_S = 60
+
+    def __init__(self, command: list[str], daemon: str = "slurmctld") -> None:
+        """`daemon`: the one that answers it (named where it does not)."""
+        self.argv, self.daemon = command, daemon
+        self.started = time.monotonic()
+        self.reaped: int | None = None  # its wait status, where it was reaped before text()
+        self.out, out_w = os.pipe()
+        self.err, err_w = os.pipe()
+        try:
+            self.pid = os.posix_spawnp(command[0], command, os.environ, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+                *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()),
+            ], setsigdef=(SIGPIPE, SIGXFSZ))
+        except BaseException as exc:
+            for fd in (self.out, self.err):
+                os.close(fd)
+            if isinstance(exc, FileNotFoundError):
+                raise SlurmError(f"{command[0]} not found: is Slurm's client installed and on PATH?") from exc
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+
+    def text(self) -> str:
+        import select
+
+        deadline = time.monotonic() + max(0.1, self.TIMEOUT_S - (time.monotonic() - self.started))
+        read: dict[int, list[bytes]] = {self.out: [], self.err: []}
+        poller = select.poll()
+        for fd in read:
+            poller.register(fd, select.POLLIN)
+        try:
+            left = set(read)
+            while left:
+                wait = deadline - time.monotonic()
+                ready = poller.poll(wait * 1000) if wait > 0 else []
+                if not ready:
+                    os.kill(self.pid, SIGKILL)
+                    os.waitpid(self.pid, 0)
+                    raise SlurmError(f"{self.name} did not answer within {self.TIMEOUT_S} s "
+                                     f"(is {self.daemon} up?)")
+                for fd, _ in ready:
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        read[fd].append(chunk)
+                    else:
+                        poller.unregister(fd)
+                        left.discard(fd)
+        finally:
+            for fd in read:
+                os.close(fd)
+        waited = self.reaped if self.reaped is not None else os.waitpid(self.pid, 0)[1]
+        status = os.waitstatus_to_exitcode(waited)
+        if status != 0:
+            err = b"".join(read[self.err])
+            first = (err.decode("utf-8", "replace").strip().splitlines() or ["no message"])[0]
+            raise SlurmError(f"{self.name} failed: {first}")
+        # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
+        return b"".join(read[self.out]).decode("utf-8", "replace")
+
+    @property
+    def name(self) -> str:
+        return self.argv[0].rpartition("/")[2]
+
+
+class SacctRun(EarlyRun):
+    """`sacct -j JOBID` with FIELDS, running from the moment this is made (EarlyRun), or
+    the one bin/gpueff started, taken over. `nodes`: the nodes' configuration, asked
+    beside it where the caller started that too (cli.early_sacct)."""
 
     def __init__(self, job_id: str, sacct: str = "sacct", comment_field: str = "AdminComment",
                  handed: str | None = None) -> None:
@@ -138,30 +209,11 @@ class SacctRun:
                 self.drop(handed)
             raise
         self.sacct, self.comment_field = sacct, comment_field
-        self.started = time.monotonic()
-        self.reaped: int | None = None  # sacct's wait status, where take() reaped it
+        self.nodes: EarlyRun | None = None
         if handed is not None and self.take(handed):
             return
         self.delimiter = fresh_delimiter()
-        command = self.command(self.delimiter)
-        self.out, out_w = os.pipe()
-        self.err, err_w = os.pipe()
-        try:
-            self.pid = os.posix_spawnp(sacct, command, os.environ, file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0),
-                (os.POSIX_SPAWN_DUP2, out_w, 1),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-                *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()),
-            ], setsigdef=(SIGPIPE, SIGXFSZ))
-        except BaseException as exc:
-            for fd in (self.out, self.err):
-                os.close(fd)
-            if isinstance(exc, FileNotFoundError):
-                raise SlurmError(f"{sacct} not found: is Slurm's client installed and on PATH?") from exc
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
+        super().__init__(self.command(self.delimiter), "slurmdbd")
 
     def command(self, delimiter: str) -> list[str]:
         return sacct_command(self.job_id, self.sacct, self.comment_field, delimiter)
@@ -190,6 +242,7 @@ class SacctRun:
         os.set_inheritable(out, False)  # nothing we start gets them
         os.set_inheritable(err, False)
         self.pid, self.out, self.err, self.delimiter = pid, out, err, delimiter
+        self.argv, self.daemon, self.started = command, "slurmdbd", time.monotonic()
         self.reaped = status if done else None
         return True
 
@@ -206,39 +259,3 @@ class SacctRun:
         except ChildProcessError:  # not ours: its files are none of ours either
             return
         _close(out, err)
-
-    def text(self) -> str:
-        import select
-
-        deadline = time.monotonic() + max(0.1, self.TIMEOUT_S - (time.monotonic() - self.started))
-        read: dict[int, list[bytes]] = {self.out: [], self.err: []}
-        poller = select.poll()
-        for fd in read:
-            poller.register(fd, select.POLLIN)
-        try:
-            left = set(read)
-            while left:
-                wait = deadline - time.monotonic()
-                ready = poller.poll(wait * 1000) if wait > 0 else []
-                if not ready:
-                    os.kill(self.pid, SIGKILL)
-                    os.waitpid(self.pid, 0)
-                    raise SlurmError(f"sacct did not answer within {self.TIMEOUT_S} s (is slurmdbd up?)")
-                for fd, _ in ready:
-                    chunk = os.read(fd, 65536)
-                    if chunk:
-                        read[fd].append(chunk)
-                    else:
-                        poller.unregister(fd)
-                        left.discard(fd)
-        finally:
-            for fd in read:
-                os.close(fd)
-        waited = self.reaped if self.reaped is not None else os.waitpid(self.pid, 0)[1]
-        status = os.waitstatus_to_exitcode(waited)
-        if status != 0:
-            err = b"".join(read[self.err])
-            first = (err.decode("utf-8", "replace").strip().splitlines() or ["no message"])[0]
-            raise SlurmError(f"sacct failed: {first}")
-        # Bytes, decoded leniently: a job name is the user's and need not be UTF-8.
-        return b"".join(read[self.out]).decode("utf-8", "replace")

@@ -386,3 +386,17 @@ def test_the_everyday_call_reads_as_argparse_reads_it(argv: list[str]) -> None:
         assert vars(plain) == parsed
     else:  # left to argparse: what it refuses, asks for help with, or reads otherwise
         assert argv == [] or parsed in (0, 2) or argv[0].startswith("-") or "--conf" in argv or "--" in argv
+
+
+def test_a_link_to_the_launcher_runs_its_venv_s_python(tmp_path: Path, job_site: Path) -> None:
+    """Sites link it onto users' PATH (docs/install.md): the interpreter is still the one
+    beside the script it links to, not a `python` beside the link."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "gpueff").symlink_to(LAUNCHER)
+    (tmp_path / "bin" / "python").write_text("#!/bin/sh\necho wrong python\nexit 9\n")
+    (tmp_path / "bin" / "python").chmod(0o755)
+    counting_sacct(tmp_path, tmp_path / "rows.txt")
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run([str(tmp_path / "bin" / "gpueff"), "4242", "--config", str(job_site)], env=env,
+                          text=True, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("Job ID: 4242"), done.stderr

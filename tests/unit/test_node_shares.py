@@ -102,3 +102,50 @@ def test_the_nodes_of_a_report_each_once() -> None:
     jobs = [SimpleNamespace(nodelist="gpu[1-2]"), SimpleNamespace(nodelist="gpu2,mig1"),
             SimpleNamespace(nodelist="None assigned")]
     assert nodes_of(jobs) == ["gpu1", "gpu2", "mig1"]  # type: ignore[arg-type]
+
+
+# --- `gpueff JOBID`: every node's config asked beside sacct, read for the job's nodes --------
+
+def _scontrol(tmp_path: Path, text: str) -> Path:
+    """A scontrol that says each run in tmp_path/asked and prints `text`."""
+    (tmp_path / "listing.txt").write_text(text)
+    script = tmp_path / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "asked"}\ncat {tmp_path / "listing.txt"}\n')
+    script.chmod(0o755)
+    return script
+
+
+def _backend(tmp_path: Path, scontrol: Path, early_scontrol: Path) -> commands.Commands:
+    from slurm_gpu_eff.config import Config
+    from slurm_gpu_eff.slurm.sacct import EarlyRun
+
+    early = SimpleNamespace(nodes=EarlyRun([str(early_scontrol), "show", "node", "-o"]))
+    return commands.Commands(Config(scontrol=str(scontrol)), early=early)  # type: ignore[arg-type]
+
+
+def test_the_early_listing_gives_the_job_s_nodes_as_asking_for_them_would(tmp_path: Path) -> None:
+    listing = (FIXTURES / "scontrol-show-node-22.05.txt").read_text() + SITE_LINE + "\n"
+    scontrol = _scontrol(tmp_path, listing)
+    backend = _backend(tmp_path, scontrol, scontrol)
+    asked_alone = commands.parse_node_lines(listing)
+    assert backend.node_shares(["a100-07", "mig1", "gone"]) == {
+        n: asked_alone[n] for n in ("a100-07", "mig1")}
+    assert (tmp_path / "asked").read_text().splitlines() == ["show node -o"]  # the early one alone
+    assert backend.node_shares(["gpu1"]) == {"gpu1": asked_alone["gpu1"]}  # read once: asked again
+    assert (tmp_path / "asked").read_text().splitlines() == ["show node -o", "show node -o gpu1"]
+
+
+def test_an_early_listing_of_another_scontrol_is_not_read(tmp_path: Path) -> None:
+    (tmp_path / "site").mkdir()
+    site = _scontrol(tmp_path / "site", SITE_LINE + "\n")
+    other = _scontrol(tmp_path, "NodeName=a100-07 CPUTot=2 CfgTRES=cpu=2,mem=2M,gres/gpu=2\n")
+    backend = _backend(tmp_path, site, other)
+    assert backend.node_shares(["a100-07"]) == {"a100-07": {"cpus": 60, "mem_mb": 515000, "gpus": 8}}
+
+
+def test_an_early_listing_that_fails_says_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "scontrol"
+    script.write_text("#!/bin/sh\necho 'slurm_load_node error: Unable to contact slurm controller' >&2\n"
+                      "exit 1\n")
+    script.chmod(0o755)
+    assert _backend(tmp_path, script, script).node_shares(["gpu1"]) == {}
