@@ -191,10 +191,12 @@ def cmd_report(args: argparse.Namespace, early: SacctRun | None = None, alone: b
     from .report.hints import HintSettings
     from .report.lookup import job_report
     from .report.render import prepare, render_json, render_text
+    from .store import prepare as prepare_store
 
     # Whatever does not depend on the job, made ready before sacct is waited for: after
     # its answer only the job's own work is left.
     prepare(args.json)
+    prepare_store(config.store_read_url)
     if alone:
         # What is loaded stays for the process's life: the collector need not go through
         # it again (a full pass over it cost ~10 ms after sacct's answer), only the job's.

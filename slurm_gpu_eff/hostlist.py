@@ -28,9 +28,12 @@ def _split_top(text: str) -> list[str]:
     return items + [current]
 
 
+_BRACKETS = re.compile(r"^([^\[]*)\[([^\]]*)\](.*)$")
+
+
 def _expand_one(name: str) -> list[str]:
     """Expand the first bracket group, then the rest of the name, recursively."""
-    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", name)
+    match = _BRACKETS.match(name)
     if not match:
         return [name]
     prefix, body, rest = match.groups()

@@ -175,12 +175,13 @@ KEYS = ("status", "nodes", "gpus", "util", "gpu_util", "idle", "mem_peak", "ener
         "alloc_gpus", "alloc_mem", "figures")
 _VALUES = {"status": re.compile(r"[a-z]+"), "figures": re.compile(r"[a-z2-7]+")}
 _NUMBERS = re.compile(r"[0-9.,-]+")
+_WORD = re.compile(r"\S+")
 
 
 def _parts(text: str) -> list[tuple[int, int]]:
     """Where each part in our form starts and ends in `text`: the marker as a word of its
     own, `status=...`, then as many of our words, in our order, as follow."""
-    tokens = [(m.start(), m.end(), m.group().lower()) for m in re.finditer(r"\S+", text)]
+    tokens = [(m.start(), m.end(), m.group().lower()) for m in _WORD.finditer(text)]
     spans = []
     for i, (start, _, word) in enumerate(tokens):
         if word != PREFIX:

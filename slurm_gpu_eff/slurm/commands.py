@@ -346,6 +346,12 @@ def node_shares(nodes: list[str], scontrol: str = "scontrol") -> dict[str, dict[
     return parse_node_lines(done.stdout.decode("utf-8", "replace"), only=set(names))
 
 
+# parse_node_lines' fields, each by its own name after a space (compiled with the module:
+# `gpueff JOBID` loads it while sacct answers)
+_NODE_NAME, _CFG_TRES = re.compile(r"NodeName=(\S+)"), re.compile(r" CfgTRES=(\S*)")
+_CPU_EFCTV, _CPU_TOT = re.compile(r" CPUEfctv=(\d+)"), re.compile(r" CPUTot=(\d+)")
+
+
 def parse_node_lines(text: str, only: set[str] | None = None) -> dict[str, dict[str, int]]:
     """`scontrol show node -o` lines -> node -> share; `only`: those nodes' lines alone
     (the others left unread: a large cluster's listing is thousands). Values may hold
@@ -355,11 +361,11 @@ def parse_node_lines(text: str, only: set[str] | None = None) -> dict[str, dict[
     for line in text.splitlines():
         if only is not None and line.partition(" ")[0][9:] not in only:
             continue
-        name = re.match(r"NodeName=(\S+)", line)
-        tres = re.search(r" CfgTRES=(\S*)", line)
+        name = _NODE_NAME.match(line)
+        tres = _CFG_TRES.search(line)
         if not name or not tres:
             continue
-        usable = re.search(r" CPUEfctv=(\d+)", line) or re.search(r" CPUTot=(\d+)", line)
+        usable = _CPU_EFCTV.search(line) or _CPU_TOT.search(line)
         share = node_share(tres[1], int(usable[1]) if usable else None)
         if share:
             shares[name[1]] = share

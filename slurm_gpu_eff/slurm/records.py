@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from ..mirror import parse_admin_comment
 
+_SIZE = re.compile(r"^([\d.]+)([KMGTP]?)[nc]?$")
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 
 
@@ -168,7 +169,7 @@ def parse_tres(text: str) -> dict[str, int]:
 
 def parse_size(text: str) -> int | None:
     """Slurm sizes ('4000M', '1.5G', '1234K', '0') -> bytes; None when unreadable."""
-    match = re.match(r"^([\d.]+)([KMGTP]?)[nc]?$", text.strip())
+    match = _SIZE.match(text.strip())
     if not match:
         return None
     try:

@@ -11,7 +11,15 @@ from __future__ import annotations
 from ..errors import StoreError
 from .base import Store, shown_url
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "open_store", "prepare"]
+
+
+def prepare(url: str) -> None:
+    """The engine a URL names, loaded ahead: `gpueff JOBID` does it while sacct answers,
+    for a job whose figures the store holds (SQLite only: psycopg's import costs more
+    than its reports would save)."""
+    if url.startswith("sqlite://"):
+        from . import sqlite  # noqa: F401
 
 
 def open_store(url: str, readonly: bool = False, admin_group: str = "") -> Store:
