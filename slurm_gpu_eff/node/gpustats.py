@@ -15,6 +15,9 @@ from .jobenv import job_of_pid, same_job
 from .stats import Histogram, Stat, Timeline
 
 THROTTLE_ANY = sum(THROTTLE_REASONS.values())
+# Polls whose readings wait to be added together (GpuStats.add): the memory of a few polls,
+# the figures a few seconds late at most, and anything that reads them adds them first.
+FLUSH_POLLS = 16
 
 
 class GpuStats:
@@ -26,8 +29,8 @@ class GpuStats:
     __slots__ = (
         "ecc_first", "ecc_last", "elapsed", "energy_counted", "energy_counter_j", "energy_last_mj",
         "errors", "first_at", "gpu", "histogram", "idle_from", "idle_from_s", "idle_longest",
-        "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "power_energy_j",
-        "processes_max", "samples", "seconds", "shared_s", "shared_with", "sluid", "stats",
+        "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "pending", "power_energy_j",
+        "processes_max", "samples", "seconds", "shared_s", "shared_with", "sluid", "_stats",
         "throttle_observed_s", "throttle_s", "timeline", "util_source", "xid_events",
     )
 
@@ -35,7 +38,10 @@ class GpuStats:
         self.gpu = gpu
         self.job_id = job_id
         self.sluid = sluid  # Slurm 26.05: job_of_pid() names the job's processes by it on v2
-        self.stats: defaultdict[str, Stat] = defaultdict(Stat)  # made on first use, in C
+        self._stats: defaultdict[str, Stat] = defaultdict(Stat)  # made on first use, in C
+        # (reading, seconds, the poll's util, its place in the window, own (memory, util)):
+        # the polls not added to the figures yet
+        self.pending: list[tuple[Reading, float, float | None, float, Any]] = []
         self.util_source: str | None = None
         self.histogram = Histogram()
         self.timeline = Timeline()
@@ -70,6 +76,13 @@ class GpuStats:
         self.own_listed = False  # the job's own processes were on the GPU at the last poll
         self.jobs_of_pids: dict[int, str | None] = {}
 
+    @property
+    def stats(self) -> defaultdict[str, Stat]:
+        """Each figure's accumulator, every poll's reading added."""
+        if self.pending:
+            self.flush()
+        return self._stats
+
     def stat(self, name: str) -> Stat:
         return self.stats[name]
 
@@ -78,19 +91,40 @@ class GpuStats:
         the driver clock's seconds); `gap`: no reading covered that time (the sampler was
         stopped). A poll that read nothing (NVML failing) is no time sampled, and ends an
         idle stretch."""
-        # Once a GPU a poll: what it costs is the sampler's own overhead (make bench). The
-        # usual poll's branches are written out here rather than in a method each (a frame
-        # each, with cold caches after the wait between polls); the rarer ones are methods.
+        # Once a GPU a poll, after a wait that left the caches cold: only what the next
+        # poll needs is done now (the idle stretch, whose processes share the GPU); the
+        # figures' accumulators take the readings FLUSH_POLLS at a time, in one warm loop
+        # (each reading in its order: the same figures), and before anything reads them.
         util = reading.util
         if util is None and reading.empty:  # util first: one test in the usual case
             self._add_idle(reading.time, seconds, None, gap)
             return
         self.samples += 1
         self.seconds += seconds
-        stats = self.stats
+        samples = reading.util_samples
+        if samples:  # the samples' mean stands for the poll (idle line, timeline)
+            util = _mean(samples)
+        pids = reading.pids
+        own = None if pids is None else self._add_sharing(pids, reading.process_sm, seconds)
+        place = self._add_idle(reading.time, seconds, util, gap)
+        pending = self.pending
+        pending.append((reading, seconds, util, place, own))
+        if len(pending) >= FLUSH_POLLS:
+            self.flush()
+
+    def flush(self) -> None:
+        """The pending polls' readings into the accumulators, oldest first."""
+        pending = self.pending
+        for reading, seconds, util, place, own in pending:
+            self._accumulate(reading, seconds, util, place, own)
+        pending.clear()
+
+    def _accumulate(self, reading: Reading, seconds: float, util: float | None, place: float,
+                    own: tuple[int | None, float | None] | None) -> None:
+        stats = self._stats
         samples = reading.util_samples
         if samples:  # lossless driver samples where there are any, else the poll's rate
-            util = self._series("util", samples, self.histogram)
+            self._series("util", samples, self.histogram)
         elif util is not None:
             if samples is None and self.util_source is None:  # not supported
                 self.util_source = "rates"
@@ -138,11 +172,14 @@ class GpuStats:
                 self.ecc_first = ecc
             self.ecc_last = ecc
         pids = reading.pids
-        if pids is not None:
-            if self.processes_max is None or len(pids) > self.processes_max:
-                self.processes_max = len(pids)
-            self._add_sharing(pids, reading.process_sm, seconds)
-        place = self._add_idle(reading.time, seconds, util, gap)
+        if pids is not None and (self.processes_max is None or len(pids) > self.processes_max):
+            self.processes_max = len(pids)
+        if own is not None:
+            own_mem, own_util = own
+            if own_mem is not None:
+                stats["own_mem_used_bytes"].add(own_mem, seconds)
+            if own_util is not None:
+                stats["own_util"].add(own_util, seconds)
         self.timeline.add(place, seconds, util, gpm.get("sm_active") if gpm else None, power,
                           None if mem is None else mem / 1024**3)
 
@@ -179,18 +216,15 @@ class GpuStats:
 
     def _series(
         self, name: str, samples: list[tuple[float, float]], histogram: Histogram | None,
-    ) -> float:
-        """Lossless driver samples (the poll's rate stands in where there are none: add());
-        returns the poll's mean for the timeline."""
+    ) -> None:
+        """Lossless driver samples (the poll's rate stands in where there are none: add())."""
         if name == "util":
             self.util_source = "samples"
-        stat = self.stat(name)
+        stat = self._stats[name]
         for value, weight in samples:
             stat.add(value, weight)
             if histogram is not None:
                 histogram.add(value, weight)
-        total = sum(w for _, w in samples)
-        return sum(v * w for v, w in samples) / total if total else samples[-1][0]
 
     def _add_throttle(self, mask: int, seconds: float) -> None:
         for reason, bit in THROTTLE_REASONS.items():
@@ -220,9 +254,10 @@ class GpuStats:
 
     def _add_sharing(
         self, pids: list[tuple[int, int]], process_sm: dict[int, float] | None, seconds: float,
-    ) -> None:
+    ) -> tuple[int | None, float | None]:
         """Which jobs' processes are on the GPU: ours, another job's, or outside any job's
-        (pids that cannot be traced count for neither)."""
+        (pids that cannot be traced count for neither). Returns the job's own memory and
+        SM share for the figures (None: not a figure this poll)."""
         own_mem, others, listed = 0, None, False
         jobs, job_id, sluid = self.jobs_of_pids, self.job_id, self.sluid
         for pid, used in pids:
@@ -238,20 +273,22 @@ class GpuStats:
             self.shared_with |= others
         elif self.shared_s is None:
             self.shared_s = 0.0
-        if self.shared_s:
-            self.stats["own_mem_used_bytes"].add(own_mem, seconds)
+        own_mem_used = own_mem if self.shared_s else None
         # The driver gives each process's SM share of its last period only, and a poll lets
         # it stand for the time since the poll before. In the poll the job's processes left
         # the GPU in (at the latest the last: they exit, then the epilog stops us), when
         # they stopped is unknown: that stretch is left out, not counted as idle.
         left = self.own_listed and not listed
         self.own_listed = listed
-        if process_sm is not None and not left:
-            own = sum(sm for pid, sm in process_sm.items()
-                      if same_job(self.job_of(pid), self.job_id, self.sluid))
-            self.stats["own_util"].add(own, seconds)
+        if process_sm is None or left:
+            return own_mem_used, None
+        own = sum(sm for pid, sm in process_sm.items()
+                  if same_job(self.job_of(pid), self.job_id, self.sluid))
+        return own_mem_used, own
 
     def energy(self) -> tuple[float | None, str | None]:
+        if self.pending:
+            self.flush()
         if self.energy_counted:
             return self.energy_counter_j, "counter"
         if "power_w" in self.stats:
@@ -263,6 +300,7 @@ class GpuStats:
         return stat.last if stat is not None and stat.samples else None
 
     def summary(self, node: str) -> GpuSummary:
+        self.flush()
         energy_j, source = self.energy()
         gpu = self.gpu
         histogram = self.histogram
@@ -290,6 +328,12 @@ class GpuStats:
             idle_now=_idle_now(self.idle_now()),
             pcie_link=gpu.pcie_link(), nvlink=gpu.nvlink,
         )
+
+
+def _mean(samples: list[tuple[float, float]]) -> float:
+    """The samples' (value, seconds) mean: what the poll stands for in the timeline."""
+    total = sum(w for _, w in samples)
+    return sum(v * w for v, w in samples) / total if total else samples[-1][0]
 
 
 def _idle_now(stretch: tuple[float, float] | None) -> dict[str, float] | None:

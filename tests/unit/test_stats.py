@@ -166,6 +166,7 @@ def test_the_poll_the_jobs_processes_left_the_gpu_in_is_not_counted_idle() -> No
     assert (own.mean, own.seconds) == (50.0, 2.0)
     poll(5.0, [1], 0.0)  # still gone: the job had nothing on the GPU, idle
     poll(6.0, [100, 1], 0.0)  # back, listed but not busy: idle
+    own = track.stats["own_util"]  # the polls since added (GpuStats.flush)
     assert (own.mean, own.seconds) == (pytest.approx(25.0), 4.0)
 
 
@@ -195,3 +196,20 @@ def test_the_window_begins_at_binding_where_the_drivers_figures_begin(sim_node: 
     assert util.mean == pytest.approx(80 * 3.0 / 3.5, abs=2.0)  # idle until BOOT + 1000.5
     # the energy counter from binding too: idle power, then 400 W from BOOT + 1000.5
     assert track.energy() == (pytest.approx(60 * 0.5 + 400 * 3.0, rel=0.02), "counter")  # idle 60 W
+
+
+def test_a_gpus_readings_wait_a_few_polls_at_most_and_every_reader_sees_them_all() -> None:
+    """GpuStats.add keeps the figures' part of a poll for later (FLUSH_POLLS at a time, in
+    one warm loop): the polls held stay bounded, and the figures, the energy and the
+    summary each take every poll added so far."""
+    from slurm_gpu_eff.node.gpu import Reading
+    from slurm_gpu_eff.node.gpustats import FLUSH_POLLS, GpuStats
+
+    track = GpuStats(gpu=None)  # type: ignore[arg-type]
+    for poll in range(1, 3 * FLUSH_POLLS + 4):
+        track.add(Reading(time=float(poll), util=float(poll), mem_util=None, mem_used_bytes=None,
+                          power_w=100.0, energy_mj=None), 1.0)
+        assert len(track.pending) < FLUSH_POLLS
+        if poll % 5 == 0:
+            assert track.energy() == (100.0 * poll, "power")
+            assert track.stats["util"].samples == poll and track.last("util") == float(poll)
