@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import methodcaller
 from types import ModuleType
 from typing import Any
 
@@ -80,9 +81,12 @@ POLL_READS: dict[str, tuple[tuple[Any, ...], ...]] = {
     "ecc": (("nvmlDeviceGetTotalEccErrors", (1, 0)),),  # uncorrected, volatile
 }
 MIG_READS = ("memory", "processes")  # NVML has no utilisation, power or clocks for a MIG instance
-# One planned read: (figure, which of its calls, the function's name, its arguments with
-# the GPU's handle first: the call's whole tuple, made once)
-PlannedRead = tuple[str, int, str, tuple[Any, ...]]
+# A poll's answers come back in a list, a slot a figure in POLL_READS' order (None where
+# NVML gave none): read() takes them all in one unpacking
+SLOT = {figure: slot for slot, figure in enumerate(POLL_READS)}
+# One planned read: (its slot, the call: methodcaller(function's name, its arguments with
+# the GPU's handle first), made once; (the figure, which of its calls, the function's name))
+PlannedRead = tuple[int, Callable[[ModuleType], Any], tuple[str, int, str]]
 
 
 def _unsupported_key(call: tuple[Any, ...]) -> str:
@@ -197,10 +201,10 @@ class Gpu:
             planned = self._plan(figure, 0)
             if planned is not None:
                 self.plan.append(planned)
-        at_bind = self._poll_reads([p for p in self.plan if p[0] in ("memory", "energy")])
-        memory = at_bind.get("memory")
+        at_bind = self._poll_reads([p for p in self.plan if p[2][0] in ("memory", "energy")])
+        memory = at_bind[SLOT["memory"]]
         # The energy counter's start, as the driver's other figures start here too
-        self.energy_at_bind_mj: int | None = at_bind.get("energy")
+        self.energy_at_bind_mj: int | None = at_bind[SLOT["energy"]]
         self.memory_total_bytes = None if memory is None else int(memory.total)
         limit = self._call("nvmlDeviceGetEnforcedPowerLimit")
         self.power_limit_w = None if limit is None else limit / 1000.0
@@ -364,22 +368,24 @@ class Gpu:
                 self.unsupported.add(key)
                 continue
             constants = tuple(getattr(self.nvml, a) if isinstance(a, str) else a for a in args)
-            return figure, choice, function, (self.handle, *constants)
+            # methodcaller: the function looked up on pynvml each call, in C (a test may put
+            # another in its place), and called with the arguments made here
+            return SLOT[figure], methodcaller(function, self.handle, *constants), (figure, choice, function)
         return None
 
-    def _poll_reads(self, plan: list[PlannedRead]) -> dict[str, Any]:
-        """A poll's planned reads: figure -> NVML's answer, absent where it gave none. The
-        calls in one loop, not a function each: this runs ~10 times a GPU a poll."""
-        values = {}
+    def _poll_reads(self, plan: list[PlannedRead]) -> list[Any]:
+        """A poll's planned reads: NVML's answers, a slot a figure (SLOT), None where it gave
+        none. The calls in one loop, not a function each: this runs ~10 times a GPU a poll."""
+        # A slot a figure of POLL_READS (read() unpacks all eight): a literal, as it is
+        # cheaper to build than [None] * len(SLOT)
+        values = [None, None, None, None, None, None, None, None]
         nvml = self.nvml
         for planned in plan:
-            figure, _, function, args = planned
-            try:  # the function looked up each time: a test may put another in its place
-                values[figure] = getattr(nvml, function)(*args)
+            slot, call, _ = planned
+            try:
+                values[slot] = call(nvml)
             except Exception as exc:  # not only NVMLError: the binding raises plain ones too
-                value = self._read_failed(planned, exc)
-                if value is not None:
-                    values[figure] = value
+                values[slot] = self._read_failed(planned, exc)
         return values
 
     def _read_failed(self, planned: PlannedRead, exc: Exception) -> Any:
@@ -387,7 +393,7 @@ class Gpu:
         struct version the driver lacks (a _v3, say), it will lack on the next poll too: the
         figure's next call takes its place from now on, and answers for this poll. Any other
         error (timeout, unknown) costs one reading, not the figure: logged, None."""
-        figure, choice, function, _ = planned
+        slot, _, (figure, choice, function) = planned
         if isinstance(exc, self.nvml.NVMLError_GpuIsLost):
             raise self._lost() from exc
         if not isinstance(exc, self.mismatches):
@@ -397,7 +403,7 @@ class Gpu:
         instead = self._plan(figure, choice + 1)
         self.plan = [p for p in self.plan if p is not planned] if instead is None else [
             instead if p is planned else p for p in self.plan]
-        return None if instead is None else self._poll_reads([instead]).get(figure)
+        return None if instead is None else self._poll_reads([instead])[slot]
 
     def _gpm_start(self) -> Any:
         """Two GPM sample buffers, the first one taken; None where GPM is not there."""
@@ -438,14 +444,10 @@ class Gpu:
             slot.metricId = metric_id
         return request
 
-    def _gpm_read(self) -> tuple[dict[str, float] | None, float]:
-        """GPM's means since its last sample, and the seconds they cover."""
-        if self.gpm is None:
-            return None, 0.0
-        now = self.steady()
+    def _gpm_read(self, now: float) -> tuple[dict[str, float] | None, float]:
+        """GPM's means since its last sample, and the seconds they cover; `now` on the
+        steady clock, more than GPM_MIN_INTERVAL_S after the pair's first sample (read())."""
         covers = now - self.gpm_taken_at  # since the first sample of the pair was taken
-        if covers <= GPM_MIN_INTERVAL_S:
-            return {}, 0.0  # too close to the last GPM sample for NVML: next poll
         nvml = self.nvml
         first, second = self.gpm
         request = self.gpm_request
@@ -468,8 +470,9 @@ class Gpu:
                 means[name] = value
         return means, covers
 
-    def _samples(self, kind: int) -> list[tuple[float, float]] | None:
-        """Every driver sample since the last call, each weighted by the time it covers."""
+    def _samples(self, kind: int, now: float) -> list[tuple[float, float]] | None:
+        """Every driver sample since the last call, each weighted by the time it covers;
+        `now`: the poll's time on the driver's clock."""
         if self.is_mig or "nvmlDeviceGetSamples" in self.unsupported:
             return None
         last = self.last_sample_us[kind]
@@ -477,7 +480,7 @@ class Gpu:
         try:
             _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
         except nvml.NVMLError_NotFound:  # none newer: most polls, _none_newer written out
-            if last and self.clock() * 1e6 < last - CLOCK_BACK_US:  # _before(last)
+            if last and now * 1e6 < last - CLOCK_BACK_US:  # _before(last), at the poll's time
                 self._stepped_back(kind, last)
             return []
         except nvml.NVMLError_GpuIsLost as exc:
@@ -491,7 +494,8 @@ class Gpu:
             self._note("nvmlDeviceGetSamples", exc)
             return []
         # The header promises no order: sort by the driver's timestamp.
-        found = sorted((int(s.timeStamp), float(s.sampleValue.uiVal)) for s in samples)
+        # Fields read past pynvml's per-access hook (_field): a dozen samples a second
+        found = sorted((int(_field(s, "timeStamp")), float(_field(s, "sampleValue").uiVal)) for s in samples)
         if last is None:
             last = self._baseline([stamp for stamp, _ in found])
         found = [(stamp, value) for stamp, value in found if stamp > last]
@@ -574,10 +578,11 @@ class Gpu:
         elif now - self.process_seen_at < 1.5 * self.driver_period_s:
             return None  # polled again within the driver's period: nothing new, not idle
         per_pid: dict[int, list[float]] = {}
-        for sample in found:
-            self.process_since_us = max(self.process_since_us, int(sample.timeStamp))
-            if 0 <= sample.smUtil <= 100:  # drivers are seen reporting more than 100%: noise
-                per_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+        for sample in found:  # fields read past pynvml's per-access hook (_field)
+            self.process_since_us = max(self.process_since_us, int(_field(sample, "timeStamp")))
+            sm = _field(sample, "smUtil")
+            if 0 <= sm <= 100:  # drivers are seen reporting more than 100%: noise
+                per_pid.setdefault(int(_field(sample, "pid")), []).append(float(sm))
         return {pid: sum(v) / len(v) for pid, v in per_pid.items()}
 
     def _call_quiet(self, function: str, *args: Any) -> Any:
@@ -595,16 +600,22 @@ class Gpu:
         # Once a GPU a poll: the Reading is built from positional arguments (its fields'
         # order), cheaper than by keyword.
         now = self.clock()
-        got = self._poll_reads(self.plan)
-        memory, processes = got.get("memory"), got.get("processes")
+        memory, processes, power, temp, clock, energy, throttle, ecc = self._poll_reads(self.plan)
         mem_used = None if memory is None else float(_field(memory, "used"))
         pids = None if processes is None else [(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes]
-        gpm, gpm_s = self._gpm_read()
+        gpm: dict[str, float] | None = None
+        gpm_s = 0.0
+        if self.gpm is not None:
+            steady = self.steady()
+            if steady - self.gpm_taken_at > GPM_MIN_INTERVAL_S:
+                gpm, gpm_s = self._gpm_read(steady)
+            else:  # too close to the last GPM sample for NVML (> 100 ms apart): next poll
+                gpm = {}
         if self.is_mig:
             return Reading(time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
                            mem_used_bytes=mem_used, gpm=gpm, gpm_s=gpm_s, pids=pids)
-        util_samples = self._samples(GPU_UTILIZATION_SAMPLES)
-        mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES)
+        util_samples = self._samples(GPU_UTILIZATION_SAMPLES, now)
+        mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES, now)
         # No new samples at all (some drivers stop filling the buffer while the GPU idles):
         # the rate stands for this poll, rather than a silent gap.
         util: float | None
@@ -618,15 +629,14 @@ class Gpu:
                 util, mem_util = float(_field(rates, "gpu")), float(_field(rates, "memory"))
             if mem_samples:
                 mem_util = mem_samples[-1][0]
-        power, temp, clock = got.get("power"), got.get("temp"), got.get("clock")
         reading = Reading(
             now, util, mem_util, mem_used,
             None if power is None else power / 1000.0,  # power_w
-            got.get("energy"),  # energy_mj
+            energy,  # energy_mj
             util_samples, mem_samples, gpm, gpm_s,
             None if temp is None else float(temp),  # temp_c
             None if clock is None else float(clock),  # sm_clock_mhz
-            got.get("throttle"), got.get("ecc"),  # throttle_mask, ecc_uncorrected
+            throttle, ecc,  # throttle_mask, ecc_uncorrected
             pids,
             self._process_sm() if per_process else None,  # process_sm
         )

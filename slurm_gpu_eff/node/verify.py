@@ -59,6 +59,7 @@ class BindingCheck:
         self.scan_gap = ""  # why a look was not whole: no `gpu_use: none` from then on
         self._seen_on: set[int] = set()
         self._last_pids: dict[int, list[int]] = {}
+        self._last_listed: dict[int, list[tuple[int, int]]] = {}  # (pid, memory), as given
 
     def processes(self, minor: int, jobs_of_pids: dict[int, str | None], bound: bool) -> None:
         """The processes NVML lists on GPU `minor`, each with the job it belongs to."""
@@ -112,6 +113,9 @@ class BindingCheck:
         every poll)."""
         if minor in self._seen_on:
             return False
+        if self._last_listed.get(minor) == pids:  # the same (pid, memory) list: the same pids
+            return False
+        self._last_listed[minor] = pids
         seen = [pid for pid, _ in pids]
         if self._last_pids.get(minor) == seen:
             return False

@@ -378,3 +378,17 @@ def test_an_index_slurmd_does_not_list_is_refused_not_guessed(sim_node: Any) -> 
         sim_node.session().bind([2], {0: 0, 1: 1})
     (gpu,) = sim_node.session().bind([2], {})  # slurmd said nothing: gres.conf order, index = minor
     assert gpu.minor == 2
+
+
+def test_a_bound_gpus_processes_are_looked_at_again_only_when_their_pids_change() -> None:
+    """wants() answers every poll: the same (pid, memory) list, or the same pids with their
+    memory moved, tell nothing new; another pid does, and so does one gone, until one of
+    the job's was seen on the GPU."""
+    check = BindingCheck("7", "gpu1", [0])
+    answers = [check.wants(0, pids) for pids in (
+        [(10, 5)], [(10, 5)], [(10, 6)], [(10, 6)], [(10, 6), (11, 1)], [(10, 6), (11, 1)],
+        [(11, 1)], [(10, 5)], [])]
+    assert answers == [True, False, False, False, True, False, True, True, True]
+    assert check.wants(1, [(10, 5)])  # each GPU its own
+    check.processes(0, {10: "7"}, bound=True)
+    assert not check.wants(0, [(12, 1)])
