@@ -30,7 +30,7 @@ class GpuStats:
         "ecc_first", "ecc_last", "elapsed", "energy_counted", "energy_counter_j", "energy_last_mj",
         "errors", "first_at", "gpu", "histogram", "idle_from", "idle_from_s", "idle_longest",
         "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "pending", "power_energy_j",
-        "processes_max", "samples", "seconds", "shared_s", "shared_with", "sluid", "_stats",
+        "processes_max", "samples", "seconds", "settled_pids", "shared_s", "shared_with", "sluid", "_stats",
         "throttle_observed_s", "throttle_s", "timeline", "util_source", "xid_events",
     )
 
@@ -75,6 +75,9 @@ class GpuStats:
         self.shared_with: set[str] = set()
         self.own_listed = False  # the job's own processes were on the GPU at the last poll
         self.jobs_of_pids: dict[int, str | None] = {}
+        # The processes (pid, memory) of the last poll, while a poll with the same ones can
+        # change nothing of the sharing figures (_add_sharing says when): not looked at again
+        self.settled_pids: list[tuple[int, int]] | None = None
 
     @property
     def stats(self) -> defaultdict[str, Stat]:
@@ -104,8 +107,10 @@ class GpuStats:
         samples = reading.util_samples
         if samples:  # the samples' mean stands for the poll (idle line, timeline)
             util = _mean(samples)
-        pids = reading.pids
-        own = None if pids is None else self._add_sharing(pids, reading.process_sm, seconds)
+        pids, process_sm = reading.pids, reading.process_sm
+        own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
+        if pids is not None and (pids != self.settled_pids or process_sm is not None):
+            own = self._add_sharing(pids, process_sm, seconds)
         place = self._add_idle(reading.time, seconds, util, gap)
         pending = self.pending
         pending.append((reading, seconds, util, place, own))
@@ -245,6 +250,7 @@ class GpuStats:
         except KeyError:  # a pid not seen before: once, then from the cache every poll
             if len(self.jobs_of_pids) > 1000:  # bounded: pids come and go over a long job
                 self.jobs_of_pids.clear()
+                self.settled_pids = None  # their jobs are to be read again
             job = self.jobs_of_pids[pid] = job_of_pid(pid)
             return job
 
@@ -280,6 +286,11 @@ class GpuStats:
         # they stopped is unknown: that stretch is left out, not counted as idle.
         left = self.own_listed and not listed
         self.own_listed = listed
+        # The same processes next poll, without per-process samples, change nothing here:
+        # each one's job is in the cache, no other job's (shared_s stays 0.0, no own
+        # memory is counted), own_listed stays as it is.
+        self.settled_pids = pids if (self.shared_s == 0.0 and process_sm is None
+                                     and all(pid in jobs for pid, _ in pids)) else None
         if process_sm is None or left:
             return own_mem_used, None
         own = sum(sm for pid, sm in process_sm.items()

@@ -170,6 +170,51 @@ def test_the_poll_the_jobs_processes_left_the_gpu_in_is_not_counted_idle() -> No
     assert (own.mean, own.seconds) == (pytest.approx(25.0), 4.0)
 
 
+def test_a_poll_with_the_last_polls_processes_skips_the_sharing_look_to_the_same_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GpuStats looks at whose processes are on the GPU only when the list changed (or a
+    poll brings per-process samples, or the GPU is shared): the same stream of polls gives
+    the same figures as a look at every poll: another job's process that comes later, the
+    job's own that leaves and comes back, a memory figure that moves, and the pid cache
+    cleared (its jobs read again)."""
+    from slurm_gpu_eff.node import gpustats
+    from slurm_gpu_eff.node.gpu import Reading
+    from slurm_gpu_eff.node.sampler import GpuStats
+
+    jobs = {100: "7", 101: "7", 200: "8"}
+    monkeypatch.setattr(gpustats, "job_of_pid", lambda pid: jobs.get(pid, ""))
+    stream = ([[(100, 5)]] * 4 + [[(100, 6)]] * 3 + [[]] * 3 + [[(100, 6), (101, 1)]] * 4
+              + [[(100, 6), (200, 9)]] * 3 + [[(200, 9)]] * 2 + [[(100, 6), (200, 9)]] * 3)
+
+    looks = []
+    full = GpuStats._add_sharing
+    monkeypatch.setattr(GpuStats, "_add_sharing", lambda self, *args: (looks.append(1), full(self, *args))[1])
+
+    def run(always: bool) -> tuple[Any, ...]:
+        looks.clear()
+        jobs[101] = "7"
+        track = GpuStats(gpu=None, job_id="7")  # type: ignore[arg-type]
+        for at, pids in enumerate(stream, start=1):
+            if always:  # as before the shortcut: a look every poll
+                track.settled_pids = None
+            if at == 12:  # a long job's pid cache, full: cleared on the next new pid, and
+                track.jobs_of_pids.update({-n: None for n in range(1001)})  # pid 101 is
+                jobs[101] = "8"  # another job's now (reused): read again, it shares the GPU
+                track.job_of(300)
+            sm = {pid: 40.0 for pid, _ in pids} if track.shared_s else None  # as Gpu.read
+            track.add(Reading(time=float(at), util=50.0, mem_util=None, mem_used_bytes=None,
+                              power_w=None, energy_mj=None, pids=list(pids), process_sm=sm), 1.0)
+        return ({k: s.to_dict() for k, s in track.stats.items()}, track.shared_s,
+                sorted(track.shared_with), track.own_listed, len(looks))
+
+    *shortcut, shortcut_looks = run(always=False)
+    *every, every_looks = run(always=True)
+    assert shortcut == every
+    assert every_looks == len(stream) and shortcut_looks < every_looks - 5
+    assert shortcut[0]["own_util"]["samples"] > 0 and shortcut[0]["own_mem_used_bytes"]["samples"] > 0
+
+
 def test_the_window_begins_at_binding_where_the_drivers_figures_begin(sim_node: Any) -> None:
     """The driver's samples and GPM's first sample count from the binding; on a busy node
     the first poll comes later. Before, the window began at the first poll while util and
