@@ -15,8 +15,8 @@ from .jobenv import job_of_pid, same_job
 from .stats import Histogram, Stat, Timeline
 
 THROTTLE_ANY = sum(THROTTLE_REASONS.values())
-# Polls whose readings wait to be added together (GpuStats.add): the memory of a few polls,
-# the figures a few seconds late at most, and anything that reads them adds them first.
+# Polls whose readings wait to be added together (GpuStats.add): the memory of a few polls
+# a GPU; nothing sees the figures late, as anything that reads them adds them first.
 FLUSH_POLLS = 16
 
 
@@ -126,6 +126,9 @@ class GpuStats:
 
     def _accumulate(self, reading: Reading, seconds: float, util: float | None, place: float,
                     own: tuple[int | None, float | None] | None) -> None:
+        """One poll's reading into the figures, as add() left it: `util` the poll's (the
+        driver samples' mean, where there were any), `place` where in the window it lies,
+        `own` the job's own memory and SM share on a shared GPU (None: no look this poll)."""
         stats = self._stats
         samples = reading.util_samples
         if samples:  # lossless driver samples where there are any, else the poll's rate
