@@ -277,6 +277,21 @@ def test_a_config_that_may_name_sacct_leaves_it_to_python(tmp_path: Path, job_si
     assert len((named / "runs").read_text().splitlines()) == 1
 
 
+def test_a_query_missing_from_path_is_said_as_python_says_it(tmp_path: Path, job_site: Path) -> None:
+    # (no "sacct" in its name: the config under tmp_path would be left to the TOML reader)
+    bare = tmp_path / "bare"
+    bare.mkdir()  # PATH: nothing but this
+    env = {**os.environ, "PATH": str(bare)}
+    done = subprocess.run([str(LAUNCHER), "4242", "--config", str(job_site)], env=env, text=True,
+                          capture_output=True, timeout=60, check=False)
+    slow = subprocess.run([sys.executable, "-m", "slurm_gpu_eff.cli", "4242", "--config", str(job_site)],
+                          env={**env, "PYTHONPATH": str(ROOT)}, text=True, capture_output=True, timeout=60,
+                          check=False)
+    # (Python then looks in the usual places too: config.find_command; what it finds or
+    # says depends on the machine, the same either way)
+    assert done.returncode != 0 and (done.returncode, done.stderr) == (slow.returncode, slow.stderr)
+
+
 @pytest.mark.parametrize("args", [["--help"], ["config", "--json"], ["report", "--help"], ["4242x"]])
 def test_the_launcher_leaves_every_other_call_as_it_was(
     tmp_path: Path, job_site: Path, args: list[str],
