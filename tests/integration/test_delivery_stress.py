@@ -34,7 +34,11 @@ def test_five_hundred_epilogs_deliver_five_hundred_summaries(
         "spool": {"dir": f"{tmp_path}/spool/%n", "retry_s": 0.5, "retry_max_s": 1},
         **store_site.sections(),
         "log": {"file": f"{tmp_path}/log/%n.log"},
-        "hooks": {"python": sys.executable},
+        # The bound a site may set at most: at low priority beside the cluster tests, 25
+        # interpreters starting at once on 2 cores have taken over 10 s (the default), and
+        # an epilog that gives up posts nothing (the report names the node as missing);
+        # this test is about delivery, so it gives them time and says if any gave up.
+        "hooks": {"python": sys.executable, "timeout_s": 18},
     })
     base = {"PATH": os.environ["PATH"], "GPUEFF_CONFIG": str(config),
             "GPUEFF_PYTHON": sys.executable, "SLURM_CLUSTER_NAME": "stress",
@@ -57,10 +61,12 @@ def test_five_hundred_epilogs_deliver_five_hundred_summaries(
     statuses = [spool_status(Spool(str(root))) for root in roots]
     assert not any(s.dead or s.corrupt for s in statuses)
     rows = store_site.rows("select node, job_id, count(*) from node_summaries group by node, job_id")
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "log").glob("*.log")))
+    lost = sorted(set(jobs) - {(node, job) for node, job, _ in rows})
+    said = [line for line in logs.splitlines() if any(f"job={job} " in line for _, job in lost)]
+    assert not lost, f"{len(lost)} not in the store: {lost[:10]}; their log lines: {said[:20]}"
     assert len(rows) == len(jobs) == 500
     assert {count for _, _, count in rows} == {1}  # none twice
-    assert {(node, job) for node, job, _ in rows} == set(jobs)
-    logs = "".join(p.read_text() for p in (tmp_path / "log").glob("*.log"))
     assert "failed" not in logs and "unreachable" not in logs, logs[-2000:]
     print(f"{store_site.engine}: 500 epilogs on {NODES} nodes, {AT_ONCE} at a time: all delivered "
           f"in {elapsed:.1f} s ({500 / elapsed:.0f} summaries/s)")
