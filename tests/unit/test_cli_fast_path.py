@@ -230,9 +230,11 @@ def test_b32decode_is_base64_s_for_every_length_and_every_wrong_input() -> None:
 LAUNCHER = ROOT / "bin" / "gpueff"
 
 
-def counting_sacct(directory: Path, rows: Path) -> Path:
-    """A sacct that says each run (its arguments, a line) in directory/runs, then answers."""
-    return fake_sacct(directory, f'printf "%s\\n" "$*" >> {directory / "runs"}\nemit {rows}\n')
+def counting_sacct(directory: Path, rows: Path, answer_after_s: float = 0.0) -> Path:
+    """A sacct that says each run (its arguments, a line) in directory/runs, then answers
+    (after `answer_after_s`: a real one takes 20-90 ms)."""
+    wait = f"sleep {answer_after_s}\n" if answer_after_s else ""
+    return fake_sacct(directory, f'printf "%s\\n" "$*" >> {directory / "runs"}\n{wait}emit {rows}\n')
 
 
 def launched(path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -249,7 +251,11 @@ def test_the_launcher_s_query_is_the_one_the_report_reads(
     # (its name holds no "sacct": the config written under tmp_path would then be left to Python)
     from slurm_gpu_eff.cli import main
 
-    counting_sacct(tmp_path, tmp_path / "rows.txt")
+    # A sacct that answers before bash has exec'd Python is reaped by bash (its SIGCHLD
+    # handler), and Python, finding no child of its own, asks again: right, only slower.
+    # A real sacct takes 20-90 ms against bash's ~1 ms to exec; this one takes 0.3 s, so
+    # that a loaded machine (one CI run: two runs where one was due) cannot make that race.
+    counting_sacct(tmp_path, tmp_path / "rows.txt", answer_after_s=0.3)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     for form in ([], ["--json"]):
         assert main(["4242", *form, "--config", str(job_site)]) == 0
