@@ -322,6 +322,7 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     sys.path.insert(0, str(REPO))
     from slurm_gpu_eff.config import load_config
     from slurm_gpu_eff.node.gpu import load_nvml
+    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S
 
     nvml = load_nvml(load_config())
     nvml.nvmlInit()
@@ -339,11 +340,15 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     for h in handles:
         nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, events)
     gpm_at = time.time()
+    energy_at = 0.0
     last_us = int(time.time() * 1e6)
     start = time.process_time()
     for _ in range(reads // GPUS):
         time.sleep(interval)
         take_gpm = time.time() - gpm_at > 0.1  # as the sampler: GPM pairs > 100 ms apart
+        take_energy = time.monotonic() >= energy_at  # as the sampler's loop between summaries
+        if take_energy:
+            energy_at = time.monotonic() + ENERGY_EVERY_S
         try:  # once a poll, for all GPUs: XID events
             nvml.nvmlEventSetWait_v2(events, 0)
         except nvml.NVMLError_Timeout:
@@ -362,7 +367,8 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
             nvml.nvmlDeviceGetPowerUsage(h)
             nvml.nvmlDeviceGetTemperatureV(h, 0)
             nvml.nvmlDeviceGetClockInfo(h, 1)
-            nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+            if take_energy:
+                nvml.nvmlDeviceGetTotalEnergyConsumption(h)
             nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
             nvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)
             if take_gpm:

@@ -344,6 +344,8 @@ LEGEND = (
 
 
 def cpu_line(cpu: CpuFigure) -> str:
+    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S
+
     result = cpu_check(cpu)
     if result.ok is None:
         return "sampler CPU per GPU-sample: not measured"
@@ -353,7 +355,8 @@ def cpu_line(cpu: CpuFigure) -> str:
         f"({bare * 1000:.3f} ms); target <= {CPU_RATIO:g}x: "
         f"{'ok' if result.ok else 'OFF'}\n"
         f"  ({cpu.samples} samples at {CPU_INTERVAL_S * 1000:g} ms, less a sampler stopped after its "
-        f"first reading; bare: {cpu.calls} calls a poll, in-process)"
+        f"first reading; bare: {cpu.calls} calls a poll and the energy counter every "
+        f"{ENERGY_EVERY_S:g} s, in-process)"
     ) + call_lines(cpu.call_ms)
 
 
@@ -950,9 +953,10 @@ def open_gpu(index: int) -> GpuInfo:
 
 def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float | None, int]:
     """CPU per poll of the NVML calls the sampler makes for one GPU (bench/run.py's list,
-    plus the utilisation rates it asks for when no new driver sample came), through plain
-    pynvml in this process. Calls this GPU does not support are left out, as the sampler
-    stops making them. Returns (CPU seconds per poll, calls per poll)."""
+    plus the utilisation rates it asks for when no new driver sample came, and the energy
+    counter every ENERGY_EVERY_S as between summaries), through plain pynvml in this
+    process. Calls this GPU does not support are left out, as the sampler stops making
+    them. Returns (CPU seconds per poll, calls per poll but the energy counter's)."""
     nvml, handle = gpu.nvml, gpu.handle
     last = {1: 0, 2: 0}  # the newest driver sample seen, per kind, as the sampler passes it
 
@@ -978,11 +982,18 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
         lambda: nvml.nvmlDeviceGetPowerUsage(handle),
         lambda: nvml.nvmlDeviceGetTemperatureV(handle, 0),
         lambda: nvml.nvmlDeviceGetClockInfo(handle, 1),
-        lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle),
         lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle),
         lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0),
     ]
     calls = [call for call in calls if supported(nvml, call)]
+    # the energy counter: ENERGY_EVERY_S apart, as the sampler's loop reads it between summaries
+    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S
+
+    def energy() -> object:
+        return nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+
+    has_energy = supported(nvml, energy)
+    energy_at = 0.0
     has_samples = supported(nvml, lambda: samples(1)) and supported(nvml, lambda: samples(2))
     has_rates = supported(nvml, rates)
     gpm = gpm_pair(nvml, handle)
@@ -998,11 +1009,14 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
             rates()
         for call in calls:
             call()
+        if has_energy and time.monotonic() >= energy_at:
+            energy()
+            energy_at = time.monotonic() + ENERGY_EVERY_S
         if gpm is not None and time.time() - gpm_at > 0.1:  # the sampler's GPM pairs > 100 ms apart
             gpm_metrics(nvml, handle, gpm, request)
             gpm_at = time.time()
     per_poll = (time.process_time() - start) / reads if reads else None
-    return per_poll, len(calls) + (2 if has_samples else 0) + (1 if has_rates else 0)
+    return per_poll, len(calls) + (2 if has_samples else 0) + (1 if has_rates else 0)  # energy aside
 
 
 def call_costs(gpu: GpuInfo, rounds: int, interval_s: float) -> dict[str, tuple[float, float] | None]:

@@ -167,8 +167,8 @@ class Gpu:
     __slots__ = (
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
-        "last_sample_us", "link_turns", "listed", "memory_total_bytes", "minor", "mismatches", "name",
-        "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
+        "last_sample_us", "light", "link_turns", "listed", "memory_total_bytes", "minor", "mismatches",
+        "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
 
@@ -197,6 +197,9 @@ class Gpu:
         self.error_counts: dict[str, int] = {}  # how often each came
         self.name = self._call("nvmlDeviceGetName")
         self.plan: list[PlannedRead] = []
+        # (the plan it was made from, that plan but the energy counter's read): read() on
+        # the polls that leave the counter out (Sampler.sample_once)
+        self.light: tuple[list[PlannedRead], list[PlannedRead]] | None = None
         for figure in (MIG_READS if self.is_mig else POLL_READS):
             planned = self._plan(figure, 0)
             if planned is not None:
@@ -372,6 +375,14 @@ class Gpu:
             # another in its place), and called with the arguments made here
             return SLOT[figure], methodcaller(function, self.handle, *constants), (figure, choice, function)
         return None
+
+    def _light_plan(self) -> list[PlannedRead]:
+        """The plan but its energy counter's read, made again once a fallback has taken a
+        read's place in the plan (_read_failed makes a new list)."""
+        light, plan = self.light, self.plan
+        if light is None or light[0] is not plan:
+            light = self.light = (plan, [p for p in plan if p[0] != SLOT["energy"]])
+        return light[1]
 
     def _poll_reads(self, plan: list[PlannedRead]) -> list[Any]:
         """A poll's planned reads: NVML's answers, a slot a figure (SLOT), None where it gave
@@ -595,12 +606,14 @@ class Gpu:
             # pynvml raises NVMLError(SUCCESS) when the driver has no sample to give
             return [] if exc.value == NVML_SUCCESS else None
 
-    def read(self, per_process: bool = False) -> Reading:
-        """One poll; `per_process` also reads each process's SM utilisation (a shared GPU)."""
+    def read(self, per_process: bool = False, energy_counter: bool = True) -> Reading:
+        """One poll; `per_process` also reads each process's SM utilisation (a shared GPU);
+        `energy_counter` False leaves the energy counter out (energy_mj None)."""
         # Once a GPU a poll: the Reading is built from positional arguments (its fields'
         # order), cheaper than by keyword.
         now = self.clock()
-        memory, processes, power, temp, clock, energy, throttle, ecc = self._poll_reads(self.plan)
+        plan = self.plan if energy_counter else self._light_plan()
+        memory, processes, power, temp, clock, energy, throttle, ecc = self._poll_reads(plan)
         mem_used = None if memory is None else float(_field(memory, "used"))
         pids = None if processes is None else [(int(p.pid), int(p.usedGpuMemory or 0)) for p in processes]
         gpm: dict[str, float] | None = None

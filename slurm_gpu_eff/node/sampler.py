@@ -45,6 +45,12 @@ VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and
 # on it). Polls interval_s apart, in the driver clock's seconds.
 GAP_POLLS, GAP_MIN_S = 5, 30.0
 LINK_EVERY_POLLS = 10  # polls between looks at the GPUs' PCIe link speed (Gpu.read_pcie)
+# Wall seconds between reads of the energy counter. On a Hopper GPU the read costs 3-3.5 ms
+# of CPU (a third of a poll's NVML calls; docs/metrics.md), and a counter loses nothing
+# between reads: the job's energy is its difference. Read too at each poll before a
+# checkpoint or a scheduled live copy, and at the final reading, so their energy ends with
+# their window (a copy the idle policy's level sends at once may lag up to this).
+ENERGY_EVERY_S = 10.0
 
 
 class Sampler:
@@ -89,8 +95,14 @@ class Sampler:
         self.export_failed = False
         self.frameworks = FrameworkWatch()  # what the job's GPU processes run on
         self.polls = 0
+        self._next_energy = 0.0  # monotonic time the energy counter is next read by cadence
 
-    def sample_once(self) -> None:
+    def sample_once(self, energy_counter: bool = True) -> None:
+        """One poll of every GPU. `energy_counter` False: the counter is read only where
+        ENERGY_EVERY_S have passed since it was last (the loop's polls between summaries)."""
+        mono = self.monotonic()
+        if energy_counter or mono >= self._next_energy:
+            energy_counter, self._next_energy = True, mono + ENERGY_EVERY_S
         now = self.clock()
         # A reading stands for the time since the one before (NVML's figures look back),
         # the first for the time since binding: the mean covers [binding, last reading].
@@ -103,7 +115,7 @@ class Sampler:
             if stats.lost_at is not None:
                 continue
             try:
-                readings.append((stats, stats.gpu.read(bool(stats.shared_s))))  # stats.shared
+                readings.append((stats, stats.gpu.read(bool(stats.shared_s), energy_counter)))  # stats.shared
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
@@ -238,7 +250,8 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     orphan = OrphanWatch(sampler.job, squeue_for(config), log)
     posted_level = 0  # the idle policy's level the store has heard of
     while not stopper.requested:
-        sampler.sample_once()
+        # the energy counter by its cadence, and before a checkpoint or a scheduled live copy
+        sampler.sample_once(sampler.monotonic() >= min(next_checkpoint, next_live))
         export_live(sampler, log)
         now = sampler.monotonic()
         level = sampler.idle_level()

@@ -118,6 +118,30 @@ def not_supported(calls: list[str], name: str) -> Any:
     return function
 
 
+def test_a_read_without_the_energy_counter_makes_no_counter_call(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sampler's polls between summaries leave the counter out (a third of a poll's CPU
+    on a Hopper GPU); the rest of the plan, a fallback that took a read's place included,
+    is read as in a whole poll."""
+    (gpu,) = sim_node.session().bind([0])
+    calls: list[str] = []
+    real = pynvml.nvmlDeviceGetTotalEnergyConsumption
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption",
+                        lambda handle: calls.append("energy") or real(handle))
+    sim_node.now += 1.0
+    light = gpu.read(energy_counter=False)
+    assert (light.energy_mj, light.power_w, light.temp_c, calls) == (None, 60.0, 32.0, [])
+    tried: list[str] = []
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperatureV", not_supported(tried, "temperature_v"))
+    sim_node.now += 1.0
+    assert gpu.read(energy_counter=False).temp_c == 32.0  # nvmlDeviceGetTemperature instead
+    whole = gpu.read()
+    assert whole.energy_mj is not None and whole.temp_c == 32.0 and calls == ["energy"]
+    assert gpu.read(energy_counter=False).temp_c == 32.0
+    assert (tried, calls) == (["temperature_v"], ["energy"])
+
+
 def test_utilisation_falls_back_to_rates_without_driver_samples(
     sim_node: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -362,3 +362,31 @@ def test_a_sampler_that_cannot_post_leaves_its_summary_to_the_python_epilog(hook
     checkpoint = json.loads((hook_site.job_dir(job) / "summary.json").read_text())
     assert (checkpoint["status"], checkpoint["reason"]) == (COMPLETE, "")
     assert checkpoint["ended_at"] is not None
+
+
+@pytest.mark.parametrize("stop", ["shell epilog", "sigterm"])
+def test_the_final_reading_reads_the_energy_counter_its_cadence_skipped(hook_site: Any, stop: str) -> None:
+    """Between summaries the loop reads the energy counter only every ENERGY_EVERY_S (10 s);
+    the final reading, however the sampler is stopped, reads it: the job's energy is the
+    counter's difference over the whole window, not up to the last read by cadence."""
+    hook_site.configure(sampler={"interval_s": 0.1, "checkpoint_s": 60, "live_s": 3600})
+    hook_site.write_state(2, {"util": 60, "power_w": 300}, started_at=time.time() - 10)
+    job = own_job_id()
+    env = shim_env(hook_site, SLURM_JOB_ID=job)
+    assert run_shim(PROLOG, env).returncode == 0
+    pid = hook_site.sampler_pid(job)
+    hook_site.wait_for(hook_site.job_dir(job) / "summary.json")
+    hook_site.wait_for(locator_of(hook_site, job))
+    time.sleep(1.5)  # a dozen polls, none of them due to read the counter
+    if stop == "sigterm":
+        os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + 10
+        while alive(pid):
+            assert time.monotonic() < end
+            time.sleep(0.02)
+    assert run_shim(EPILOG, env).returncode == 0
+    (summary,) = hook_site.stored(job)
+    busy = summary.gpus[1]
+    window = summary.sampled_until - summary.sampled_from
+    assert window > 1.5 and busy.energy_source == "counter"
+    assert busy.energy_j == pytest.approx(300 * window, rel=0.01)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 from slurm_gpu_eff.config import Config, SteppedClock
 from slurm_gpu_eff.node import gpustats
 from slurm_gpu_eff.node.jobenv import JobContext
-from slurm_gpu_eff.node.sampler import Sampler
+from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, Sampler
 
 from .conftest import BOOT, SIM_DEVICES
 
@@ -67,8 +68,10 @@ def profiles() -> dict[int, dict[str, Any]]:
     }
 
 
-def run_figures(sim_node: Any, offset_file: Path) -> list[dict[str, Any]]:
-    """The scenario: the summaries it gives (two mid-run snapshots and the last)."""
+def run_figures(sim_node: Any, offset_file: Path, counter_by_cadence: bool = False) -> list[dict[str, Any]]:
+    """The scenario: the summaries it gives (two mid-run snapshots and the last).
+    `counter_by_cadence`: the energy counter read as the sampler's loop reads it (every
+    ENERGY_EVERY_S, and at the poll before each summary), not at every poll."""
     rng = random.Random(21)
     own = os.getpid()
     for minor, profile in profiles().items():
@@ -91,7 +94,8 @@ def run_figures(sim_node: Any, offset_file: Path) -> list[dict[str, Any]]:
         mono[0] += step
         if polls in (400, 900):  # NTP steps the wall clock (not the monotonic one)
             offset_file.write_text("-120" if polls == 400 else "0")
-        sampler.sample_once()
+        before_summary = polls in (199, 499) or sim_node.now >= BOOT + 2400.0
+        sampler.sample_once(before_summary or not counter_by_cadence)
         sampler.idle_level()
         polls += 1
         if polls in (200, 500):
@@ -111,6 +115,46 @@ def figures(sim_node: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> l
         del snapshot["frameworks"]  # what this test process maps: not the sampler's figures
     own = str(os.getpid())
     return json.loads(json.dumps(snapshots).replace(own, "OWN"))  # the pid varies by run
+
+
+def test_the_energy_counter_read_by_cadence_gives_the_same_figures(
+    figures: list[dict[str, Any]], sim_node: Any, tmp_path: Path, calls: list[str],
+) -> None:
+    """The loop reads the energy counter ENERGY_EVERY_S apart (a third of a poll's CPU on a
+    Hopper GPU) and at the poll before each summary: a counter loses nothing between reads,
+    so every summary is the same, but where the counter was reset (a driver reload) between
+    two reads: the energy of that stretch before the reset is not counted."""
+    sim_node.now = BOOT + 1000.0  # the scenario again, from its start
+    calls.clear()
+    by_cadence = json.loads(json.dumps(run_figures(sim_node, tmp_path / "offset-2", True))
+                            .replace(str(os.getpid()), "OWN"))
+    energy_reads = calls.count("nvmlDeviceGetTotalEnergyConsumption")
+    assert 0 < energy_reads < 3 * 2400 / ENERGY_EVERY_S  # 3 GPUs with a counter: not every poll
+    for got, want in zip(by_cadence, figures, strict=True):
+        del got["frameworks"]
+        reset = {g["minor"]: g.pop("energy_j") for g in got["gpus"] if g["minor"] == 1}
+        pinned = {g["minor"]: g.pop("energy_j") for g in want["gpus"] if g["minor"] == 1}
+        for g in (*got["gpus"], *want["gpus"]):  # the counter's errors: fewer reads, fewer
+            g["errors"] = [re.sub(r" \(\d+ times\)$", "", e) if "Energy" in e else e for e in g["errors"]]
+        assert got == want
+        # GPU 1's counter restarts at 1310 s; the last read before may be 10 s (at 600 W) earlier
+        assert pinned[1] - 600 * ENERGY_EVERY_S <= reset[1] <= pinned[1]
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The energy counter's reads (through pynvml: the name the sampler calls)."""
+    import pynvml
+
+    made: list[str] = []
+    real = pynvml.nvmlDeviceGetTotalEnergyConsumption
+
+    def counted(handle: Any) -> int:
+        made.append("nvmlDeviceGetTotalEnergyConsumption")
+        return real(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", counted)
+    return made
 
 
 def test_the_sampler_gives_the_pinned_figures(figures: list[dict[str, Any]]) -> None:
