@@ -18,208 +18,150 @@ from .errors import ConfigError
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without loading typing (or collections) for it
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
 DEFAULT_PATH = "/etc/slurm-gpu-eff/gpueff.toml"
 
 
 class Config:
-    """Settings, with the defaults a production node gets when the file says nothing.
+    """Settings, with the defaults a production node gets when the file says nothing: each
+    one a class attribute below, which Config(name=value) overrides for its instance (the
+    file's keys map to these names in _KEYS).
 
-    A plain class, not a dataclass: the prolog imports this, and `dataclasses` alone
-    costs more start-up time than the rest of the prolog.
+    A plain class, not a dataclass: `gpueff JOBID` imports this, and a dataclass of 70
+    fields costs its start-up a millisecond and more to build.
     """
 
-    def __init__(
-        self,
-        path: str | None = None,
-        # The libnvidia-ml.so.1 pynvml uses: "" for the driver's (found by the loader), or
-        # a path (a driver outside the loader's path; the stand-in library in tests).
-        gpu_library: str = "",
-        # The driver's MIG capability table: Slurm names a MIG slice by its capability file.
-        mig_minors: str = "/proc/driver/nvidia-caps/mig-minors",
-        # The node's GPU map: `slurmd -G`'s answer, kept by root (the sampler) so that no job
-        # asks slurmd again (on 24.11+ each ask disturbs every running job of the node).
-        gpu_map_file: str = "/var/lib/slurm-gpu-eff/gpu-map-%n.json",
-        sim_devices: str = "",
-        sim_state_dir: str = "",
-        sim_time_scale: float = 1.0,  # simulated seconds per wall-clock second
-        # Tests only: a file holding seconds the node's samplers add to their wall clock (a
-        # clock step seen by a sampler, the machine's own clock untouched; %n: the node).
-        sim_clock_offset_file: str = "",
-        interval_s: float = 1.0,
-        checkpoint_s: float = 60.0,
-        # How often a running job's figures reach the store: a copy is at most this old
-        # plus its delivery (under 60 s in all), the first one 10 s into the job.
-        live_s: float = 45.0,
-        spool_dir: str = "/var/spool/slurm-gpu-eff/%n",
-        # An unreachable store: the node's retrier tries again after retry_s, doubling the
-        # wait up to retry_max_s, for retry_for_s (no new job on the node needed).
-        retry_s: float = 30.0,
-        retry_max_s: float = 600.0,
-        retry_for_s: float = 86400.0,
-        # The most a node's outbox holds while the store is away (see store/deliver.py).
-        spool_max_mb: float = 512.0,
-        store_path: str = "/var/lib/slurm-gpu-eff/gpueff.db",
-        # The store's engine and place: postgresql://... for PostgreSQL; empty for the
-        # SQLite file at store_path (sqlite:///ABSOLUTE/PATH says the same).
-        store_url: str = "",
-        # Where `gpueff` reads when it is not the writers' URL (a read-only role); empty:
-        # store_url.
-        store_read_url: str = "",
-        # Who may read the SQLite file besides root (0640 root:this group); "": root only.
-        store_admin_group: str = "",
-        log_file: str = "/var/log/slurm-gpu-eff/%n.log",
-        hook_timeout_s: float = 10.0,  # hard bound for a prolog or epilog
-        stop_wait_s: float = 3.0,  # how long the epilog waits for the sampler to flush
-        python: str = sys.executable,  # interpreter for the processes the hooks start
-        sacct: str = "sacct",
-        slurmd: str = "slurmd",  # `slurmd -G` maps Slurm's GPU indexes to device files
-        squeue: str = "squeue",  # a sampler whose epilog never came asks whether its job ended
-        # Each job's GPU figures in its AdminComment in Slurm's accounting (mirror.py):
-        # how users read them, under Slurm's own rules (docs/security.md).
-        admin_comment: bool = True,
-        # Which field holds them: "AdminComment", or "SystemComment" where a site's own tool
-        # needs the AdminComment to itself (jobstats: docs/install.md).
-        comment_field: str = "AdminComment",
-        slurm_backend: str = "auto",  # how gpueff asks Slurm: slurm/access.py
-        # How often a running job's figures are mirrored there (0: only at its end).
-        live_mirror_s: float = 300.0,
-        scontrol: str = "scontrol",
-        sacctmgr: str = "sacctmgr",
-        scancel: str = "scancel",  # idle-GPU alerts' cancelling (mail/idle.py)
-        # node_exporter's textfile collector directory: each running job's live figures
-        # there (node/export.py); "": no export.
-        export_dir: str = "",
-        # Its labels: "job" (job_id, node, minor, uuid) or "user" (adds user and account,
-        # for everyone who reads the file or node_exporter's port: docs/security.md).
-        export_labels: str = "job",
-        # Usage reports: the price of a kWh (in `currency`) and the grid's carbon intensity
-        # (g CO2 per kWh) turn GPU energy into cost and CO2; None: those columns stay empty.
-        price_per_kwh: float | None = None,
-        currency: str = "",
-        co2_g_per_kwh: float | None = None,
-        # Where root's `gpueff report` publishes the cluster's median efficiency (an
-        # aggregate, world-readable) that `gpueff report --me` sets a user's own against.
-        median_file: str = "/var/lib/slurm-gpu-eff/cluster-median.json",
-        # The job-end mail (gpueff-mail, Slurm's MailProg: mail/). Off: Slurm's plain
-        # notifications only, still sent by gpueff-mail.
-        mail_enabled: bool = True,
-        mail_transport: str = "smtp",  # or "sendmail": the local program below
-        mail_smtp_host: str = "localhost",
-        mail_smtp_port: int = 25,
-        mail_smtp_security: str = "none",  # "starttls" or "tls" (SMTPS)
-        mail_smtp_user: str = "",  # a login, with its password in the file below
-        mail_smtp_password_file: str = "",
-        mail_sendmail: str = "/usr/sbin/sendmail",
-        mail_from: str = "",  # "": slurm@ this host's name
-        # Messages wait here until delivered (the SMTP server away), retried after retry_s,
-        # doubling to retry_max_s, for retry_for_s; then given up, and logged. SlurmUser's
-        # (the MailProg and the idle watch run as it), so not under the node spool's root,
-        # which root's hooks make 0700 (with every parent they make) on a controller that
-        # is also a GPU node: a root of its own, beside it.
-        mail_spool_dir: str = "/var/spool/slurm-gpu-eff-mail",
-        mail_retry_s: float = 60.0,
-        mail_retry_max_s: float = 1800.0,
-        mail_retry_for_s: float = 172800.0,
-        # How long the report waits for the job's summary and accounting after Slurm's
-        # end-of-job mail; then the plain notification goes out, saying why.
-        mail_wait_s: float = 300.0,
-        # How many workers make and send messages at once; the rest wait in the spool.
-        mail_workers: int = 8,
-        # The report only for jobs of at least this long and this many GPUs.
-        mail_min_minutes: float = 0.0,
-        mail_min_gpus: int = 1,
-        mail_footer: str = "",  # e.g. where the site's help is
-        mail_opt_out_file: str = "",  # user names, one a line: Slurm's plain mail for them
-        # SlurmUser's too, so beside the hooks' log directory (root's, 0700), not in it.
-        mail_log_file: str = "/var/log/slurm-gpu-eff-mail/mail.log",
-        # A bare user name as recipient (no --mail-user) gets "@" this, as Slurm's
-        # MailDomain does; "": sent to the bare name (the mail server's local user).
-        mail_domain: str = "",
-        # Idle-GPU alerts on running jobs (mail/idle.py), off at 0: the user is mailed once
-        # a GPU of the job has been under 5% for idle_alert_min minutes; with
-        # idle_cancel_min, the job is cancelled that many minutes after the alert if
-        # the GPU is still idle. Exempt: interactive jobs (unless idle_interactive), the
-        # users and accounts listed (comma-separated), jobs whose comment holds the word.
-        idle_alert_min: float = 0.0,
-        idle_cancel_min: float = 0.0,
-        idle_interactive: bool = False,
-        idle_exempt_users: str = "",
-        idle_exempt_accounts: str = "",
-        idle_opt_out_word: str = "gpueff:idle-ok",
-        idle_check_s: float = 60.0,  # how often `gpueff-mail --watch` looks
-        hints: dict[str, str] | None = None,
-    ) -> None:
+    path: str | None  # the file read, None where there was none
+    hints: dict[str, str]  # [hints] as written: the hints module knows its rules and checks them
+
+    # The libnvidia-ml.so.1 pynvml uses: "" for the driver's (found by the loader), or
+    # a path (a driver outside the loader's path; the stand-in library in tests).
+    gpu_library: str = ""
+    # The driver's MIG capability table: Slurm names a MIG slice by its capability file.
+    mig_minors: str = "/proc/driver/nvidia-caps/mig-minors"
+    # The node's GPU map: `slurmd -G`'s answer, kept by root (the sampler) so that no job
+    # asks slurmd again (on 24.11+ each ask disturbs every running job of the node).
+    gpu_map_file: str = "/var/lib/slurm-gpu-eff/gpu-map-%n.json"
+    sim_devices: str = ""
+    sim_state_dir: str = ""
+    sim_time_scale: float = 1.0  # simulated seconds per wall-clock second
+    # Tests only: a file holding seconds the node's samplers add to their wall clock (a
+    # clock step seen by a sampler, the machine's own clock untouched; %n: the node).
+    sim_clock_offset_file: str = ""
+    interval_s: float = 1.0
+    checkpoint_s: float = 60.0
+    # How often a running job's figures reach the store: a copy is at most this old
+    # plus its delivery (under 60 s in all), the first one 10 s into the job.
+    live_s: float = 45.0
+    spool_dir: str = "/var/spool/slurm-gpu-eff/%n"
+    # An unreachable store: the node's retrier tries again after retry_s, doubling the
+    # wait up to retry_max_s, for retry_for_s (no new job on the node needed).
+    retry_s: float = 30.0
+    retry_max_s: float = 600.0
+    retry_for_s: float = 86400.0
+    # The most a node's outbox holds while the store is away (see store/deliver.py).
+    spool_max_mb: float = 512.0
+    store_path: str = "/var/lib/slurm-gpu-eff/gpueff.db"
+    # The store's engine and place: postgresql://... for PostgreSQL; empty for the
+    # SQLite file at store_path (sqlite:///ABSOLUTE/PATH says the same).
+    store_url: str = ""
+    # Where `gpueff` reads when it is not the writers' URL (a read-only role); empty:
+    # store_url.
+    store_read_url: str = ""
+    # Who may read the SQLite file besides root (0640 root:this group); "": root only.
+    store_admin_group: str = ""
+    log_file: str = "/var/log/slurm-gpu-eff/%n.log"
+    hook_timeout_s: float = 10.0  # hard bound for a prolog or epilog
+    stop_wait_s: float = 3.0  # how long the epilog waits for the sampler to flush
+    python: str = sys.executable  # interpreter for the processes the hooks start
+    sacct: str = "sacct"
+    slurmd: str = "slurmd"  # `slurmd -G` maps Slurm's GPU indexes to device files
+    squeue: str = "squeue"  # a sampler whose epilog never came asks whether its job ended
+    # Each job's GPU figures in its AdminComment in Slurm's accounting (mirror.py):
+    # how users read them, under Slurm's own rules (docs/security.md).
+    admin_comment: bool = True
+    # Which field holds them: "AdminComment", or "SystemComment" where a site's own tool
+    # needs the AdminComment to itself (jobstats: docs/install.md).
+    comment_field: str = "AdminComment"
+    slurm_backend: str = "auto"  # how gpueff asks Slurm: slurm/access.py
+    # How often a running job's figures are mirrored there (0: only at its end).
+    live_mirror_s: float = 300.0
+    scontrol: str = "scontrol"
+    sacctmgr: str = "sacctmgr"
+    scancel: str = "scancel"  # idle-GPU alerts' cancelling (mail/idle.py)
+    # node_exporter's textfile collector directory: each running job's live figures
+    # there (node/export.py); "": no export.
+    export_dir: str = ""
+    # Its labels: "job" (job_id, node, minor, uuid) or "user" (adds user and account,
+    # for everyone who reads the file or node_exporter's port: docs/security.md).
+    export_labels: str = "job"
+    # Usage reports: the price of a kWh (in `currency`) and the grid's carbon intensity
+    # (g CO2 per kWh) turn GPU energy into cost and CO2; None: those columns stay empty.
+    price_per_kwh: float | None = None
+    currency: str = ""
+    co2_g_per_kwh: float | None = None
+    # Where root's `gpueff report` publishes the cluster's median efficiency (an
+    # aggregate, world-readable) that `gpueff report --me` sets a user's own against.
+    median_file: str = "/var/lib/slurm-gpu-eff/cluster-median.json"
+    # The job-end mail (gpueff-mail, Slurm's MailProg: mail/). Off: Slurm's plain
+    # notifications only, still sent by gpueff-mail.
+    mail_enabled: bool = True
+    mail_transport: str = "smtp"  # or "sendmail": the local program below
+    mail_smtp_host: str = "localhost"
+    mail_smtp_port: int = 25
+    mail_smtp_security: str = "none"  # "starttls" or "tls" (SMTPS)
+    mail_smtp_user: str = ""  # a login, with its password in the file below
+    mail_smtp_password_file: str = ""
+    mail_sendmail: str = "/usr/sbin/sendmail"
+    mail_from: str = ""  # "": slurm@ this host's name
+    # Messages wait here until delivered (the SMTP server away), retried after retry_s,
+    # doubling to retry_max_s, for retry_for_s; then given up, and logged. SlurmUser's
+    # (the MailProg and the idle watch run as it), so not under the node spool's root,
+    # which root's hooks make 0700 (with every parent they make) on a controller that
+    # is also a GPU node: a root of its own, beside it.
+    mail_spool_dir: str = "/var/spool/slurm-gpu-eff-mail"
+    mail_retry_s: float = 60.0
+    mail_retry_max_s: float = 1800.0
+    mail_retry_for_s: float = 172800.0
+    # How long the report waits for the job's summary and accounting after Slurm's
+    # end-of-job mail; then the plain notification goes out, saying why.
+    mail_wait_s: float = 300.0
+    # How many workers make and send messages at once; the rest wait in the spool.
+    mail_workers: int = 8
+    # The report only for jobs of at least this long and this many GPUs.
+    mail_min_minutes: float = 0.0
+    mail_min_gpus: int = 1
+    mail_footer: str = ""  # e.g. where the site's help is
+    mail_opt_out_file: str = ""  # user names, one a line: Slurm's plain mail for them
+    # SlurmUser's too, so beside the hooks' log directory (root's, 0700), not in it.
+    mail_log_file: str = "/var/log/slurm-gpu-eff-mail/mail.log"
+    # A bare user name as recipient (no --mail-user) gets "@" this, as Slurm's
+    # MailDomain does; "": sent to the bare name (the mail server's local user).
+    mail_domain: str = ""
+    # Idle-GPU alerts on running jobs (mail/idle.py), off at 0: the user is mailed once
+    # a GPU of the job has been under 5% for idle_alert_min minutes; with
+    # idle_cancel_min, the job is cancelled that many minutes after the alert if
+    # the GPU is still idle. Exempt: interactive jobs (unless idle_interactive), the
+    # users and accounts listed (comma-separated), jobs whose comment holds the word.
+    idle_alert_min: float = 0.0
+    idle_cancel_min: float = 0.0
+    idle_interactive: bool = False
+    idle_exempt_users: str = ""
+    idle_exempt_accounts: str = ""
+    idle_opt_out_word: str = "gpueff:idle-ok"
+    idle_check_s: float = 60.0  # how often `gpueff-mail --watch` looks
+
+    def __init__(self, path: str | None = None, hints: dict[str, str] | None = None,
+                 **settings: Any) -> None:
         self.path = path
-        self.gpu_library = gpu_library
-        self.mig_minors = mig_minors
-        self.gpu_map_file = gpu_map_file
-        self.sim_devices = sim_devices
-        self.sim_state_dir = sim_state_dir
-        self.sim_time_scale = sim_time_scale
-        self.sim_clock_offset_file = sim_clock_offset_file
-        self.interval_s = interval_s
-        self.checkpoint_s = checkpoint_s
-        self.live_s = live_s
-        self.spool_dir = spool_dir
-        self.retry_s = retry_s
-        self.retry_max_s = retry_max_s
-        self.retry_for_s = retry_for_s
-        self.spool_max_mb = spool_max_mb
-        self.store_path = store_path
-        self.store_url = store_url or f"sqlite://{store_path}"
-        self.store_read_url = store_read_url or self.store_url
-        self.store_admin_group = store_admin_group
-        self.log_file = log_file
-        self.hook_timeout_s = hook_timeout_s
-        self.stop_wait_s = stop_wait_s
-        self.python = python
-        self.sacct = sacct
-        self.slurmd = slurmd
-        self.squeue = squeue
-        self.admin_comment = admin_comment
-        self.comment_field = comment_field
-        self.slurm_backend = slurm_backend
-        self.live_mirror_s = live_mirror_s
-        self.scontrol = scontrol
-        self.scancel = scancel
-        self.export_dir = export_dir
-        self.export_labels = export_labels
-        self.sacctmgr = sacctmgr
-        self.price_per_kwh = price_per_kwh
-        self.currency = currency
-        self.co2_g_per_kwh = co2_g_per_kwh
-        self.median_file = median_file
-        self.mail_enabled = mail_enabled
-        self.mail_transport = mail_transport
-        self.mail_smtp_host = mail_smtp_host
-        self.mail_smtp_port = mail_smtp_port
-        self.mail_smtp_security = mail_smtp_security
-        self.mail_smtp_user = mail_smtp_user
-        self.mail_smtp_password_file = mail_smtp_password_file
-        self.mail_sendmail = mail_sendmail
-        self.mail_from = mail_from
-        self.mail_spool_dir = mail_spool_dir
-        self.mail_retry_s = mail_retry_s
-        self.mail_retry_max_s = mail_retry_max_s
-        self.mail_retry_for_s = mail_retry_for_s
-        self.mail_wait_s = mail_wait_s
-        self.mail_workers = mail_workers
-        self.mail_min_minutes = mail_min_minutes
-        self.mail_min_gpus = mail_min_gpus
-        self.mail_footer = mail_footer
-        self.mail_opt_out_file = mail_opt_out_file
-        self.mail_log_file = mail_log_file
-        self.mail_domain = mail_domain
-        self.idle_alert_min = idle_alert_min
-        self.idle_cancel_min = idle_cancel_min
-        self.idle_interactive = idle_interactive
-        self.idle_exempt_users = idle_exempt_users
-        self.idle_exempt_accounts = idle_exempt_accounts
-        self.idle_opt_out_word = idle_opt_out_word
-        self.idle_check_s = idle_check_s
-        # [hints] as written: the hints module knows its rules and checks these itself.
-        self.hints: dict[str, str] = dict(hints or {})
+        for name, value in settings.items():
+            if name not in SETTINGS:
+                raise TypeError(f"Config() has no setting {name!r}")
+            setattr(self, name, value)
+        self.store_url = self.store_url or f"sqlite://{self.store_path}"
+        self.store_read_url = self.store_read_url or self.store_url
+        self.hints = dict(hints or {})
 
     def spool_for(self, node: str) -> str:
         return expand(self.spool_dir, node)
@@ -232,6 +174,10 @@ class Config:
 
     def gpu_map_for(self, node: str) -> str:
         return expand(self.gpu_map_file, node)
+
+
+# Every setting's name (the class's annotated attributes but the two __init__ takes itself)
+SETTINGS = frozenset(Config.__annotations__) - {"path", "hints"}
 
 
 def expand(template: str, node: str) -> str:
@@ -405,7 +351,7 @@ def parse_config(text: str, path: str) -> Config:
                 continue
             _check_range(name, kind, checked, f"{where} = {value!r}")
             values[name] = checked
-    config = Config(path, hints=hints, **values)  # type: ignore[arg-type]
+    config = Config(path, hints=hints, **values)
     # The shims kill a hook at 20 s; the epilog must still have time to post after waiting.
     if not config.hook_timeout_s <= 18:
         raise ConfigError(f"{path}: [hooks] timeout_s must be at most 18 (the shims stop a hook at 20)")

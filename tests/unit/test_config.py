@@ -10,6 +10,7 @@ import pytest
 
 from slurm_gpu_eff.config import (
     _KEYS,
+    SETTINGS,
     Config,
     SteppedClock,
     driver_clock,
@@ -27,11 +28,26 @@ def test_the_example_config_names_every_setting_with_its_default() -> None:
     example = Path(__file__).resolve().parents[2] / "etc" / "gpueff.toml.example"
     text = example.read_text()
     loaded, defaults = load_config(str(example)), Config()
-    assert {k: v for k, v in vars(loaded).items() if k != "path"} == {
-        k: v for k, v in vars(defaults).items() if k != "path"}
+    assert {k: getattr(loaded, k) for k in SETTINGS} == {k: getattr(defaults, k) for k in SETTINGS}
+    assert loaded.hints == defaults.hints
     written = set(re.findall(r"^#? ?\[(\w+)\]", text, re.M))
     for section, key, _, _ in _KEYS:
         assert section in written and re.search(rf"^#? ?{key} =", text, re.M), f"[{section}] {key}"
+
+
+def test_every_setting_has_its_key_in_the_file_and_its_type() -> None:
+    """A setting is a class attribute of Config and a key in _KEYS: one without the other
+    could not be set from the file, or would be set without a default."""
+    assert {name for _, _, name, _ in _KEYS} == SETTINGS
+    for _, _, name, kind in _KEYS:
+        default = getattr(Config, name)
+        assert default is None or isinstance(default, kind), name
+
+
+def test_a_setting_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(TypeError, match="no setting 'intervall_s'"):
+        Config(intervall_s=1.0)
+    assert Config(interval_s=2.5).interval_s == 2.5 and Config().interval_s == 1.0
 
 
 def load(tmp_path: Path, text: str) -> Config:
