@@ -250,8 +250,14 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     orphan = OrphanWatch(sampler.job, squeue_for(config), log)
     posted_level = 0  # the idle policy's level the store has heard of
     while not stopper.requested:
-        # the energy counter by its cadence, and before a checkpoint or a scheduled live copy
-        sampler.sample_once(sampler.monotonic() >= min(next_checkpoint, next_live))
+        # What falls due at this tick, decided before the poll so that the poll before a
+        # checkpoint or a scheduled live copy reads the energy counter too (between them,
+        # every ENERGY_EVERY_S). A deadline within half an interval counts as now: set an
+        # interval's multiple after a poll's end, it would otherwise fall due at this tick
+        # or the next as the polls' lengths jitter.
+        soon = sampler.monotonic() + sampler.wait_s / 2
+        checkpoint_due, live_due = soon >= next_checkpoint, soon >= next_live
+        sampler.sample_once(checkpoint_due or live_due)
         export_live(sampler, log)
         now = sampler.monotonic()
         level = sampler.idle_level()
@@ -259,9 +265,9 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         # or a gap in the readings): the store hears at once, so that the idle watch never
         # cancels on a copy from before the GPU went back to work.
         if level != posted_level and live.post(sampler.snapshot(RUNNING)):
-            posted_level = level
+            posted_level, live_due = level, False
             next_live = now + config.live_s
-        if now >= next_checkpoint:
+        if checkpoint_due:
             if not os.path.isdir(job_dir):
                 log.write("the job's spool directory is gone (its epilog ran): stopping")
                 return None
@@ -270,7 +276,7 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
                 return None
             checkpoint(summary_path, sampler.snapshot(RUNNING), log)
             next_checkpoint = now + config.checkpoint_s
-        if now >= next_live:
+        if live_due:
             live.post(sampler.snapshot(RUNNING))
             next_live = now + config.live_s
         next_tick += sampler.wait_s

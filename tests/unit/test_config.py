@@ -69,13 +69,16 @@ def refused(tmp_path: Path, text: str) -> str:
 def test_an_empty_file_and_a_missing_default_file_are_the_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    defaults = {k: v for k, v in vars(Config()).items() if k != "path"}
-    assert {k: v for k, v in vars(load(tmp_path, "")).items() if k != "path"} == defaults
-    assert {k: v for k, v in vars(load(tmp_path, "[gpu]\n[sampler]\n")).items() if k != "path"} == defaults
+    def settings(config: Config) -> dict[str, object]:
+        return {"hints": config.hints, **{k: getattr(config, k) for k in SETTINGS}}
+
+    defaults = settings(Config())
+    assert settings(load(tmp_path, "")) == defaults
+    assert settings(load(tmp_path, "[gpu]\n[sampler]\n")) == defaults
     monkeypatch.delenv("GPUEFF_CONFIG", raising=False)
     monkeypatch.setattr("slurm_gpu_eff.config.DEFAULT_PATH", str(tmp_path / "absent.toml"))
     missing = load_config()
-    assert missing.path is None and {k: v for k, v in vars(missing).items() if k != "path"} == defaults
+    assert missing.path is None and settings(missing) == defaults
 
 
 def test_a_config_file_named_that_is_missing_is_an_error(tmp_path: Path) -> None:

@@ -389,6 +389,6 @@ def test_the_final_reading_reads_the_energy_counter_its_cadence_skipped(hook_sit
     busy = summary.gpus[1]
     window = summary.sampled_until - summary.sampled_from
     assert window > 1.5 and busy.energy_source == "counter"
-    # within 5%: the counter is read a few ms before the window opens and after it closes
+    # within 10%: the counter is read a few ms before the window opens and after it closes
     # (more on a loaded machine); a final reading without it would give ~0 J
-    assert busy.energy_j == pytest.approx(300 * window, rel=0.05)
+    assert busy.energy_j == pytest.approx(300 * window, rel=0.1)
