@@ -109,6 +109,24 @@ def locator_of(hook_site: Any, job: str) -> Path:
     return Path(path)
 
 
+def started(hook_site: Any, job: str) -> tuple[dict[str, str], int]:
+    """The shell prolog's sampler of `job`, up: its first checkpoint and its locator written.
+    Returns the job's hook environment and the sampler's pid."""
+    env = shim_env(hook_site, SLURM_JOB_ID=job)
+    assert run_shim(PROLOG, env).returncode == 0
+    pid = hook_site.sampler_pid(job)
+    hook_site.wait_for(hook_site.job_dir(job) / "summary.json")
+    hook_site.wait_for(locator_of(hook_site, job))
+    return env, pid
+
+
+def until_ended(pid: int, timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while alive(pid):
+        assert time.monotonic() < end
+        time.sleep(0.02)
+
+
 # --- the fast path: no interpreter ----------------------------------------------------------------
 
 def test_the_sampler_posts_its_own_final_summary_and_no_interpreter_starts(hook_site: Any) -> None:
@@ -117,12 +135,8 @@ def test_the_sampler_posts_its_own_final_summary_and_no_interpreter_starts(hook_
     the GPUs), and no Python epilog ran."""
     hook_site.write_state(2, {"util": 60, "power_w": 300}, started_at=time.time() - 10)
     job = own_job_id()
-    env = shim_env(hook_site, SLURM_JOB_ID=job)
-    assert run_shim(PROLOG, env).returncode == 0
-    pid = hook_site.sampler_pid(job)
-    hook_site.wait_for(hook_site.job_dir(job) / "summary.json")
+    env, pid = started(hook_site, job)
     locator = locator_of(hook_site, job)
-    hook_site.wait_for(locator)
     assert locator.read_text() == (
         f"{pid} {(hook_site.job_dir(job) / 'sampler.pid').read_text().split()[1]} {hook_site.job_dir(job)}\n")
     assert locator.stat().st_mode & 0o777 == 0o600
@@ -133,10 +147,7 @@ def test_the_sampler_posts_its_own_final_summary_and_no_interpreter_starts(hook_
     # its name); what it does after (its directory, the log, a deliverer) is not waited for.
     assert name_of(pid) in ("gpueff-posted", None)
     (summary,) = hook_site.stored(job)
-    end = time.monotonic() + 10
-    while alive(pid):
-        assert time.monotonic() < end
-        time.sleep(0.02)
+    until_ended(pid)
     assert not hook_site.job_dir(job).exists() and not locator.exists()
     assert (summary.status, summary.reason, [g.minor for g in summary.gpus]) == (COMPLETE, "", [0, 2])
     assert summary.ended_at is not None and summary.sampled_until <= summary.ended_at
@@ -322,16 +333,9 @@ def test_sigterm_still_leaves_the_summary_for_the_epilog(hook_site: Any) -> None
     inside the job's cgroup) or the Python epilog's leaves the complete summary as the
     checkpoint, and the epilog that comes after posts it, once."""
     job = own_job_id()
-    env = shim_env(hook_site, SLURM_JOB_ID=job)
-    assert run_shim(PROLOG, env).returncode == 0
-    pid = hook_site.sampler_pid(job)
-    hook_site.wait_for(hook_site.job_dir(job) / "summary.json")
-    hook_site.wait_for(locator_of(hook_site, job))
+    env, pid = started(hook_site, job)
     os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + 10
-    while alive(pid):
-        assert time.monotonic() < end
-        time.sleep(0.02)
+    until_ended(pid)
     assert (hook_site.job_dir(job) / "summary.json").exists()
     assert not locator_of(hook_site, job).exists()  # removed as it ended
     assert hook_site.stored(job) == []  # nothing posted by the sampler
@@ -347,11 +351,7 @@ def test_a_sampler_that_cannot_post_leaves_its_summary_to_the_python_epilog(hook
     tries as it always did; what it cannot post either stays there, complete, for the next
     delivery to sweep: never lost."""
     job = own_job_id()
-    env = shim_env(hook_site, SLURM_JOB_ID=job)
-    assert run_shim(PROLOG, env).returncode == 0
-    pid = hook_site.sampler_pid(job)
-    hook_site.wait_for(hook_site.job_dir(job) / "summary.json")
-    hook_site.wait_for(locator_of(hook_site, job))
+    env, pid = started(hook_site, job)
     outbox = hook_site.spool_root / "outbox"
     outbox.write_text("")
     assert run_shim(EPILOG, env).returncode == 0
@@ -372,18 +372,11 @@ def test_the_final_reading_reads_the_energy_counter_its_cadence_skipped(hook_sit
     hook_site.configure(sampler={"interval_s": 0.1, "checkpoint_s": 60, "live_s": 3600})
     hook_site.write_state(2, {"util": 60, "power_w": 300}, started_at=time.time() - 10)
     job = own_job_id()
-    env = shim_env(hook_site, SLURM_JOB_ID=job)
-    assert run_shim(PROLOG, env).returncode == 0
-    pid = hook_site.sampler_pid(job)
-    hook_site.wait_for(hook_site.job_dir(job) / "summary.json")
-    hook_site.wait_for(locator_of(hook_site, job))
+    env, pid = started(hook_site, job)
     time.sleep(1.5)  # a dozen polls, none of them due to read the counter
     if stop == "sigterm":
         os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + 10
-        while alive(pid):
-            assert time.monotonic() < end
-            time.sleep(0.02)
+        until_ended(pid)
     assert run_shim(EPILOG, env).returncode == 0
     (summary,) = hook_site.stored(job)
     busy = summary.gpus[1]
