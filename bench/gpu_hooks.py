@@ -102,6 +102,21 @@ def fast_paths(log: str, jobs: list[str]) -> int:
         for job in jobs)
 
 
+def settled_log(folder: Path, jobs: list[str], timeout_s: float = 15.0) -> str:
+    """The hooks' log once every job's end is in it (the sampler logs "posted" after the
+    epilog returned; a Python epilog logs as it runs), or as it stands at the timeout."""
+    log = ""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        log = "".join(path.read_text() for path in sorted(folder.glob("*.log")))
+        lines = log.splitlines()
+        if all(any(f"job={job} " in line and ("posted complete summary" in line or " epilog[" in line)
+                   for line in lines) for job in jobs):
+            break
+        time.sleep(0.05)
+    return log
+
+
 def run(python: str, gpus: str, runs: int, standin: bool, settle_s: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="gpueff-hooks-") as tmp:
         env = site(Path(tmp), python, gpus, standin)
@@ -121,9 +136,7 @@ def run(python: str, gpus: str, runs: int, standin: bool, settle_s: float) -> di
             time.sleep(settle_s)
             epilogs.append(wall([EPILOG], job_env))
             jobs.append(job)
-        time.sleep(1.0)  # the sampler logs "posted" after the epilog returned
-        logs = sorted((Path(tmp) / "log").glob("*.log"))
-        log = logs[0].read_text() if logs else ""
+        log = settled_log(Path(tmp) / "log", jobs)
         tail = log.splitlines()[-6:]
     return {"python": python, "gpus": gpus, "runs": runs,
             "bare_ms": 1000 * statistics.median(bare),
