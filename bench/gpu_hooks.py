@@ -117,8 +117,31 @@ def settled_log(folder: Path, jobs: list[str], timeout_s: float = 15.0) -> str:
     return log
 
 
+def quiet(config: str, timeout_s: float = 30.0) -> list[int]:
+    """Waits until no process runs with this config (GPUEFF_CONFIG in its environment):
+    after an epilog returns, its sampler still removes the job's spool directory and starts
+    a detached deliverer, which writes into the store and the log; removing the folder
+    under them fails (or they fail). Returns the pids still running at the timeout."""
+    mark = f"GPUEFF_CONFIG={config}".encode() + b"\0"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if mark in (entry / "environ").read_bytes():
+                        left.append(int(entry.name))
+                except OSError:  # ended, or not ours to read
+                    continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 def run(python: str, gpus: str, runs: int, standin: bool, settle_s: float) -> dict[str, object]:
-    with tempfile.TemporaryDirectory(prefix="gpueff-hooks-") as tmp:
+    # ignore_cleanup_errors: only for a process still running after quiet()'s bound, named
+    # in the result; the timings stand either way.
+    with tempfile.TemporaryDirectory(prefix="gpueff-hooks-", ignore_cleanup_errors=True) as tmp:
         env = site(Path(tmp), python, gpus, standin)
         bare = [wall([python, "-c", "pass"], env) for _ in range(runs)]
         prologs, epilogs, jobs = [], [], []
@@ -138,12 +161,14 @@ def run(python: str, gpus: str, runs: int, standin: bool, settle_s: float) -> di
             jobs.append(job)
         log = settled_log(Path(tmp) / "log", jobs)
         tail = log.splitlines()[-6:]
+        lingering = quiet(env["GPUEFF_CONFIG"])
     return {"python": python, "gpus": gpus, "runs": runs,
             "bare_ms": 1000 * statistics.median(bare),
             "prolog_ms": 1000 * statistics.median(prologs),
             "epilog_ms": 1000 * statistics.median(epilogs),
             "epilog_all_ms": [round(1000 * t, 1) for t in epilogs],
-            "epilog_posted_by_sampler": fast_paths(log, jobs), "log_tail": tail}
+            "epilog_posted_by_sampler": fast_paths(log, jobs), "log_tail": tail,
+            "still_running": lingering}
 
 
 def main() -> int:
@@ -170,6 +195,8 @@ def main() -> int:
               f"target <= {bar}x: {'ok' if ratio <= bar else 'MISSED'}")
     print(f"epilogs (ms): {found['epilog_all_ms']}; posted by the sampler (shell path): "
           f"{found['epilog_posted_by_sampler']} of {args.runs}")
+    if found["still_running"]:
+        print(f"processes of this config still running after 30 s: {found['still_running']}")
     for line in found["log_tail"]:  # type: ignore[attr-defined]
         print(f"  log: {line}")
     return 0

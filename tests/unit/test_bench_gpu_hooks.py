@@ -34,3 +34,5 @@ def test_gpu_hooks_times_both_hooks_and_sees_the_sampler_post() -> None:
     found = json.loads(done.stdout)
     assert found["epilog_posted_by_sampler"] == 2 and len(found["epilog_all_ms"]) == 2
     assert all(0 < found[k] < 10_000 for k in ("bare_ms", "prolog_ms", "epilog_ms"))
+    # Its samplers and their deliverers all ended before it removed their folder.
+    assert found["still_running"] == []
