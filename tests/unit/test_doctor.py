@@ -150,14 +150,14 @@ def _own_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("SLURMD_NODENAME", "")
     monkeypatch.delenv("GPUEFF_CONFIG", raising=False)
     # not slurmctld's host (the fixtures' SlurmctldHost is "vm", this machine's name too)
-    monkeypatch.setattr(doctor, "_host_names", lambda: {"testhost"})
+    monkeypatch.setattr(doctor.controller, "_host_names", lambda: {"testhost"})
     users = tmp_path / "users-bin"  # the PATH users get: gpueff is on it
     users.mkdir()
     command(users / "gpueff", "exit 0\n")
-    monkeypatch.setattr(doctor, "USER_PATH", str(users))
+    monkeypatch.setattr(doctor.notes, "USER_PATH", str(users))
     mounts = tmp_path / "mounts"
     mounts.write_text(V2_MOUNTS)
-    monkeypatch.setattr(doctor, "MOUNTS", str(mounts))
+    monkeypatch.setattr(doctor.notes, "MOUNTS", str(mounts))
     return mounts
 
 

@@ -159,7 +159,7 @@ def controller(site: Site, open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> S
     can be reached, 0640 root:nogroup ([store] admin_group, nobody's group)."""
     if os.geteuid() != 0:
         pytest.skip("checks as another user need root")
-    monkeypatch.setattr(doctor, "_host_names", lambda: {"vm"})
+    monkeypatch.setattr(doctor.controller, "_host_names", lambda: {"vm"})
     site.slurm_conf["SlurmUser"] = f"nobody({NOBODY})"
     (open_dir / "mail").mkdir(mode=0o700)
     os.chown(open_dir / "mail", NOBODY, NOBODY)
@@ -278,8 +278,8 @@ def test_a_slurmctld_started_before_slurm_user_joined_the_group_fails(
     MailProg with them."""
     store = controller.open_dir / "store" / "gpueff.db"  # type: ignore[attr-defined]
     os.chown(store, 0, 4242)  # a group nobody joined (in the account's groups below)
-    nobody = doctor.Account("nobody", NOBODY, NOBODY, (NOBODY, 4242))
-    monkeypatch.setattr(doctor, "_slurm_user", lambda slurm: nobody)
+    nobody = doctor.controller.Account("nobody", NOBODY, NOBODY, (NOBODY, 4242))
+    monkeypatch.setattr(doctor.controller, "_slurm_user", lambda slurm: nobody)
     pid_file = controller.root / "slurmctld.pid"
     for groups, ok in (([], False), ([4242], True)):
         slurmctld = subprocess.Popen(["sleep", "60"], user=NOBODY, group=NOBODY, extra_groups=groups)
@@ -311,7 +311,7 @@ def test_doctor_as_a_user_says_it_must_run_as_root(site: Site, monkeypatch: pyte
     """As a user, the spool and the store (root's alone) would read as broken, with a wrong
     fix: they are left out, and the `root` check says why."""
     monkeypatch.setattr(doctor, "_euid", lambda: NOBODY)
-    monkeypatch.setattr(doctor, "_host_names", lambda: {"vm"})  # slurmctld's host: no mail checks either
+    monkeypatch.setattr(doctor.controller, "_host_names", lambda: {"vm"})  # slurmctld's host: no mail checks
     ready, checks, _ = site.examine()
     assert not ready and names(checks) == ["root"]
     assert checks["root"].message.startswith(
@@ -335,7 +335,7 @@ def test_no_job_accounting_gather_is_a_warning(site: Site) -> None:
 
 
 def test_gpueff_missing_from_users_path_is_a_warning(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor, "USER_PATH", str(site.root / "nothing-here"))
+    monkeypatch.setattr(doctor.notes, "USER_PATH", str(site.root / "nothing-here"))
     ready, _, notes = site.examine()
     assert ready and notes["PATH"].level == "warning"
     gpueff = site.root / "venv" / "bin" / "gpueff"

@@ -69,6 +69,34 @@ def test_nothing_imports_the_cli() -> None:
     assert offenders == set()
 
 
+FACES = ("slurm_gpu_eff.cli", "slurm_gpu_eff.mail", "slurm_gpu_eff.doctor")
+
+
+def face_of(name: str) -> str | None:
+    return next((f for f in FACES if name == f or name.startswith(f + ".")), None)
+
+
+def lower_to_face(graph: dict[str, set[str]]) -> set[str]:
+    """Imports that point up to a face, or across from one face to another: the faces
+    (gpueff, gpueff-mail, gpueff doctor) stand side by side on top, each on the layers
+    below; only the CLI starts doctor (`gpueff doctor` is its command)."""
+    return {f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
+            if face_of(dep) not in (None, face_of(name))
+            and (face_of(name), face_of(dep)) != ("slurm_gpu_eff.cli", "slurm_gpu_eff.doctor")}
+
+
+def test_no_layer_below_imports_a_face_nor_one_face_another() -> None:
+    assert lower_to_face(package_graph()) == set()
+    # the rule sees both kinds of arrow
+    assert lower_to_face({"slurm_gpu_eff.report.job": {"slurm_gpu_eff.doctor.base"},
+                          "slurm_gpu_eff.mail.prog": {"slurm_gpu_eff.doctor"},
+                          "slurm_gpu_eff.doctor.notes": {"slurm_gpu_eff.doctor.base"},
+                          "slurm_gpu_eff.cli": {"slurm_gpu_eff.doctor", "slurm_gpu_eff.mail.idle"}}) == {
+        "slurm_gpu_eff.cli -> slurm_gpu_eff.mail.idle",
+        "slurm_gpu_eff.report.job -> slurm_gpu_eff.doctor.base",
+        "slurm_gpu_eff.mail.prog -> slurm_gpu_eff.doctor"}
+
+
 def test_no_module_of_the_package_imports_the_simulator() -> None:
     """The simulated GPUs live below pynvml (the stand-in library) and in the in-job
     workload; the code a site runs never reaches for them."""
