@@ -322,7 +322,7 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     sys.path.insert(0, str(REPO))
     from slurm_gpu_eff.config import load_config
     from slurm_gpu_eff.node.gpu import load_nvml
-    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S
+    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
 
     nvml = load_nvml(load_config())
     nvml.nvmlInit()
@@ -340,8 +340,8 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     for h in handles:
         nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, events)
     gpm_at = time.time()
-    energy_at = 0.0
-    last_us = int(time.time() * 1e6)
+    energy_at = mem_at = 0.0
+    last_us = mem_last_us = int(time.time() * 1e6)
     start = time.process_time()
     for _ in range(reads // GPUS):
         time.sleep(interval)
@@ -349,15 +349,22 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
         take_energy = time.monotonic() >= energy_at  # as the sampler's loop between summaries
         if take_energy:
             energy_at = time.monotonic() + ENERGY_EVERY_S
+        take_mem = time.monotonic() >= mem_at  # the memory samples too, on their own cadence
+        if take_mem:
+            mem_at = time.monotonic() + MEM_SAMPLES_EVERY_S
         try:  # once a poll, for all GPUs: XID events
             nvml.nvmlEventSetWait_v2(events, 0)
         except nvml.NVMLError_Timeout:
             pass
         for h, pair in zip(handles, gpm, strict=True):
             fresh = 0
-            for kind in (1, 2):
+            try:
+                fresh = len(nvml.nvmlDeviceGetSamples(h, 1, last_us)[1])
+            except nvml.NVMLError_NotFound:
+                pass
+            if take_mem or not fresh:  # by cadence, or where no GPU sample came (as the sampler)
                 try:
-                    fresh += len(nvml.nvmlDeviceGetSamples(h, kind, last_us)[1])
+                    nvml.nvmlDeviceGetSamples(h, 2, mem_last_us)
                 except nvml.NVMLError_NotFound:
                     pass
             if not fresh:  # no new driver window since the last poll: the rate stands in
@@ -380,6 +387,8 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
         if take_gpm:
             gpm_at = time.time()
         last_us = int(time.time() * 1e6)
+        if take_mem:
+            mem_last_us = last_us
     return (time.process_time() - start) / reads
 
 

@@ -344,7 +344,7 @@ LEGEND = (
 
 
 def cpu_line(cpu: CpuFigure) -> str:
-    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S
+    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
 
     result = cpu_check(cpu)
     if result.ok is None:
@@ -355,8 +355,8 @@ def cpu_line(cpu: CpuFigure) -> str:
         f"({bare * 1000:.3f} ms); target <= {CPU_RATIO:g}x: "
         f"{'ok' if result.ok else 'OFF'}\n"
         f"  ({cpu.samples} samples at {CPU_INTERVAL_S * 1000:g} ms, less a sampler stopped after its "
-        f"first reading; bare: {cpu.calls} calls a poll and the energy counter every "
-        f"{ENERGY_EVERY_S:g} s, in-process)"
+        f"first reading; bare: {cpu.calls} calls a poll, the energy counter every "
+        f"{ENERGY_EVERY_S:g} s and the memory samples every {MEM_SAMPLES_EVERY_S:g} s, in-process)"
     ) + call_lines(cpu.call_ms)
 
 
@@ -953,8 +953,9 @@ def open_gpu(index: int) -> GpuInfo:
 
 def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float | None, int]:
     """CPU per poll of the NVML calls the sampler makes for one GPU (bench/run.py's list,
-    plus the utilisation rates it asks for when no new driver sample came, and the energy
-    counter every ENERGY_EVERY_S as between summaries), through plain pynvml in this
+    plus the utilisation rates it asks for when no new driver sample came, the energy
+    counter every ENERGY_EVERY_S and the memory samples every MEM_SAMPLES_EVERY_S, or at a
+    poll with no new GPU sample, as between summaries), through plain pynvml in this
     process. Calls this GPU does not support are left out, as the sampler stops making
     them. Returns (CPU seconds per poll, calls per poll but the energy counter's)."""
     nvml, handle = gpu.nvml, gpu.handle
@@ -986,14 +987,15 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
         lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0),
     ]
     calls = [call for call in calls if supported(nvml, call)]
-    # the energy counter: ENERGY_EVERY_S apart, as the sampler's loop reads it between summaries
-    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S
+    # the energy counter and the memory samples: ENERGY_EVERY_S and MEM_SAMPLES_EVERY_S
+    # apart, as the sampler's loop reads them between summaries
+    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
 
     def energy() -> object:
         return nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
 
     has_energy = supported(nvml, energy)
-    energy_at = 0.0
+    energy_at = mem_at = 0.0
     has_samples = supported(nvml, lambda: samples(1)) and supported(nvml, lambda: samples(2))
     has_rates = supported(nvml, rates)
     gpm = gpm_pair(nvml, handle)
@@ -1003,8 +1005,9 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
     for _ in range(reads):
         time.sleep(interval_s)  # the driver's buffer fills as between the sampler's polls
         new = has_samples and samples(1)
-        if has_samples:
+        if has_samples and (not new or time.monotonic() >= mem_at):
             samples(2)
+            mem_at = time.monotonic() + MEM_SAMPLES_EVERY_S
         if not new and has_rates:
             rates()
         for call in calls:
@@ -1016,7 +1019,7 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
             gpm_metrics(nvml, handle, gpm, request)
             gpm_at = time.time()
     per_poll = (time.process_time() - start) / reads if reads else None
-    return per_poll, len(calls) + (2 if has_samples else 0) + (1 if has_rates else 0)  # energy aside
+    return per_poll, len(calls) + (1 if has_samples else 0) + (1 if has_rates else 0)  # by cadence aside
 
 
 def call_costs(gpu: GpuInfo, rounds: int, interval_s: float) -> dict[str, tuple[float, float] | None]:

@@ -167,7 +167,8 @@ class Gpu:
     __slots__ = (
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
-        "last_sample_us", "light", "link_turns", "listed", "memory_total_bytes", "minor", "mismatches",
+        "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
+        "mismatches",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -221,6 +222,9 @@ class Gpu:
         # GPUs takes them (GpuSession.node_processes): that poll's list, not asked again
         self.listed: list[tuple[int, int]] | None = None
         self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
+        # The memory samples read at every poll, not at the sampler's cadence: once a read
+        # found some dropped (the buffer held less than the cadence's worth)
+        self.mem_every_poll = False
         # The job's samples are the driver's after its newest at binding, told apart by the
         # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
         # where binding could not tell: the first poll's call decides (_baseline).
@@ -517,6 +521,11 @@ class Gpu:
                          found[0][0] - last)
         if len(found) > 1:
             self.driver_period_s = period / 1e6
+        if kind == MEMORY_UTILIZATION_SAMPLES and len(found) >= 4 and found[0][0] - last > 2 * period:
+            # The buffer held less than the time since the last read (or the sampler was
+            # stopped that long): from now on, every poll. Judged on a batch whose median gap
+            # is the driver's period, and past the jitter of its windows (up to +-40%).
+            self.mem_every_poll = True
         out = []
         for stamp, value in found:
             # A sample stands for the time since the one before: its window, give or take
@@ -606,9 +615,13 @@ class Gpu:
             # pynvml raises NVMLError(SUCCESS) when the driver has no sample to give
             return [] if exc.value == NVML_SUCCESS else None
 
-    def read(self, per_process: bool = False, energy_counter: bool = True) -> Reading:
+    def read(self, per_process: bool = False, energy_counter: bool = True,
+             mem_samples: bool = True) -> Reading:
         """One poll; `per_process` also reads each process's SM utilisation (a shared GPU);
-        `energy_counter` False leaves the energy counter out (energy_mj None)."""
+        `energy_counter` False leaves the energy counter out (energy_mj None); `mem_samples`
+        False leaves the memory-utilisation samples in the driver's buffer for a later poll
+        (mem_util None), where the GPU samples came (the buffer is being filled) and the
+        GPU has not dropped any at that cadence."""
         # Once a GPU a poll: the Reading is built from positional arguments (its fields'
         # order), cheaper than by keyword.
         now = self.clock()
@@ -628,9 +641,34 @@ class Gpu:
             return Reading(time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
                            mem_used_bytes=mem_used, gpm=gpm, gpm_s=gpm_s, pids=pids)
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES, now)
-        mem_samples = self._samples(MEMORY_UTILIZATION_SAMPLES, now)
-        # No new samples at all (some drivers stop filling the buffer while the GPU idles):
-        # the rate stands for this poll, rather than a silent gap.
+        util: float | None
+        mem_util: float | None
+        if util_samples and not mem_samples and not self.mem_every_poll:
+            # Left in the buffer: the next read takes them, each for its own window. No rate
+            # stands in for this poll (the samples will cover its time).
+            util, mem_util, mem = util_samples[-1][0], None, None
+        else:
+            mem = self._samples(MEMORY_UTILIZATION_SAMPLES, now)
+            util, mem_util = self._utilisation(util_samples, mem)
+        reading = Reading(
+            now, util, mem_util, mem_used,
+            None if power is None else power / 1000.0,  # power_w
+            energy,  # energy_mj
+            util_samples, mem, gpm, gpm_s,
+            None if temp is None else float(temp),  # temp_c
+            None if clock is None else float(clock),  # sm_clock_mhz
+            throttle, ecc,  # throttle_mask, ecc_uncorrected
+            pids,
+            self._process_sm() if per_process else None,  # process_sm
+        )
+        self.listed = pids  # a whole read: this poll's list, for the look at the node
+        return reading
+
+    def _utilisation(self, util_samples: list[tuple[float, float]] | None,
+                     mem_samples: list[tuple[float, float]] | None) -> tuple[float | None, float | None]:
+        """The poll's GPU and memory utilisation: the newest samples' values. No new GPU
+        samples at all (some drivers stop filling the buffer while the GPU idles): the rate
+        stands for this poll, rather than a silent gap."""
         util: float | None
         mem_util: float | None
         if util_samples:
@@ -642,19 +680,7 @@ class Gpu:
                 util, mem_util = float(_field(rates, "gpu")), float(_field(rates, "memory"))
             if mem_samples:
                 mem_util = mem_samples[-1][0]
-        reading = Reading(
-            now, util, mem_util, mem_used,
-            None if power is None else power / 1000.0,  # power_w
-            energy,  # energy_mj
-            util_samples, mem_samples, gpm, gpm_s,
-            None if temp is None else float(temp),  # temp_c
-            None if clock is None else float(clock),  # sm_clock_mhz
-            throttle, ecc,  # throttle_mask, ecc_uncorrected
-            pids,
-            self._process_sm() if per_process else None,  # process_sm
-        )
-        self.listed = pids  # a whole read: this poll's list, for the look at the node
-        return reading
+        return util, mem_util
 
     def close(self) -> None:
         self._gpm_free(self.gpm or [])

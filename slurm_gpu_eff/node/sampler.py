@@ -51,6 +51,14 @@ LINK_EVERY_POLLS = 10  # polls between looks at the GPUs' PCIe link speed (Gpu.r
 # checkpoint or a scheduled live copy, and at the final reading, so their energy ends with
 # their window (a copy the idle policy's level sends at once may lag up to this).
 ENERGY_EVERY_S = 10.0
+# Seconds (the driver's clock) between reads of the memory-utilisation samples. The read
+# costs 2.8 ms of CPU on a Hopper GPU whatever it returns, and the driver keeps every
+# sample till it is read: 71 of each kind, 12-14 s of them on an H200 (docs/metrics.md).
+# Unlike the GPU samples (the idle policy's figure every poll), nothing reads the memory
+# figure between summaries, so it is read at this cadence and at the poll before each
+# summary; a GPU whose driver dropped samples at this cadence is read every poll from then
+# on (Gpu.mem_every_poll).
+MEM_SAMPLES_EVERY_S = 5.0
 
 
 class Sampler:
@@ -96,13 +104,18 @@ class Sampler:
         self.frameworks = FrameworkWatch()  # what the job's GPU processes run on
         self.polls = 0
         self._next_energy = 0.0  # monotonic time the energy counter is next read by cadence
+        self._next_mem = 0.0  # ... and the memory-utilisation samples
 
-    def sample_once(self, energy_counter: bool = True) -> None:
-        """One poll of every GPU. `energy_counter` False: the counter is read only where
-        ENERGY_EVERY_S have passed since it was last (the loop's polls between summaries)."""
+    def sample_once(self, full: bool = True) -> None:
+        """One poll of every GPU. `full` False (the loop's polls between summaries): the
+        energy counter and the memory-utilisation samples are read only where their
+        cadence has come round (ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S since the last read)."""
         mono = self.monotonic()
-        if energy_counter or mono >= self._next_energy:
+        energy_counter = mem_samples = full
+        if full or mono >= self._next_energy:
             energy_counter, self._next_energy = True, mono + ENERGY_EVERY_S
+        if full or mono >= self._next_mem:  # the driver's seconds, as its buffer holds them
+            mem_samples, self._next_mem = True, mono + MEM_SAMPLES_EVERY_S / self.time_scale
         now = self.clock()
         # A reading stands for the time since the one before (NVML's figures look back),
         # the first for the time since binding: the mean covers [binding, last reading].
@@ -115,7 +128,7 @@ class Sampler:
             if stats.lost_at is not None:
                 continue
             try:
-                readings.append((stats, stats.gpu.read(bool(stats.shared_s), energy_counter)))  # stats.shared
+                readings.append((stats, stats.gpu.read(bool(stats.shared_s), energy_counter, mem_samples)))
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
@@ -251,10 +264,10 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
     posted_level = 0  # the idle policy's level the store has heard of
     while not stopper.requested:
         # What falls due at this tick, decided before the poll so that the poll before a
-        # checkpoint or a scheduled live copy reads the energy counter too (between them,
-        # every ENERGY_EVERY_S). A deadline within half an interval counts as now: set an
-        # interval's multiple after a poll's end, it would otherwise fall due at this tick
-        # or the next as the polls' lengths jitter.
+        # checkpoint or a scheduled live copy is a full one, the energy counter and the
+        # memory samples read too (between them, by their cadence). A deadline within half
+        # an interval counts as now: set an interval's multiple after a poll's end, it
+        # would otherwise fall due at this tick or the next as the polls' lengths jitter.
         soon = sampler.monotonic() + sampler.wait_s / 2
         checkpoint_due, live_due = soon >= next_checkpoint, soon >= next_live
         sampler.sample_once(checkpoint_due or live_due)

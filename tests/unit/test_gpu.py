@@ -13,6 +13,8 @@ from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import BindingError, GpuAccessError, GpuLost
 from slurm_gpu_eff.node.gpu import GpuSession, load_nvml
 
+from .conftest import SIM_DEVICES
+
 GIB = 1024**3
 BOOT = 1_700_000_000.0
 UUID = {m: f"GPU-{str(m) * 8}-{str(m) * 4}-{str(m) * 4}-{str(m) * 4}-{str(m) * 12}"
@@ -140,6 +142,99 @@ def test_a_read_without_the_energy_counter_makes_no_counter_call(
     assert whole.energy_mj is not None and whole.temp_c == 32.0 and calls == ["energy"]
     assert gpu.read(energy_counter=False).temp_c == 32.0
     assert (tried, calls) == (["temperature_v"], ["energy"])
+
+
+def memory_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each call for the memory-utilisation samples, by the GPU's minor number."""
+    made: list[int] = []
+    real = pynvml.nvmlDeviceGetSamples
+
+    def counted(handle: Any, kind: int, since: int) -> Any:
+        if kind == pynvml.NVML_MEMORY_UTILIZATION_SAMPLES:
+            made.append(pynvml.nvmlDeviceGetMinorNumber(handle))
+        return real(handle, kind, since)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", counted)
+    return made
+
+
+def test_memory_samples_left_in_the_buffer_are_all_read_later(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between summaries the sampler leaves the memory samples in the driver's buffer
+    (Sampler: every MEM_SAMPLES_EVERY_S): a poll that had new GPU samples makes no call for
+    them and stands for no memory figure; the next read takes every window since the last,
+    each for its own length: the same samples a read every poll gets."""
+    profile = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80, "mem_util": 40}}}]}
+    sim_node.write_state(0, profile, started_at=BOOT + 995.0)
+    sim_node.write_state(1, profile, started_at=BOOT + 995.0)
+    skipping, every = sim_node.session().bind([0, 1])  # both 0.5 s windows
+    reads = memory_reads(monkeypatch)
+    left, each = [], []
+    for poll in range(8):
+        sim_node.now += 1.0
+        last = poll == 7
+        light = skipping.read(mem_samples=last)
+        if not last:
+            assert light.util == 80.0 and light.util_samples
+            assert light.mem_util is None and light.mem_util_samples is None
+        left += light.mem_util_samples or []
+        each += every.read().mem_util_samples or []
+    assert reads.count(0) == 1 and reads.count(1) == 8
+    assert len(left) == len(each) == 16 and left == each
+    assert sum(w for _, w in left) == pytest.approx(8.0) and {v for v, _ in left} == {40.0}
+
+
+def test_a_poll_without_new_gpu_samples_reads_the_memory_ones(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where no GPU sample came (a poll faster than the driver's period, or a driver that
+    stops filling its buffer while the GPU idles) the rate stands in for the GPU figure;
+    the memory samples waiting since the last read are read then, so that no rate stands
+    for time a sample will cover."""
+    profile = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80, "mem_util": 40}}}]}
+    sim_node.write_state(0, profile, started_at=BOOT + 995.0)
+    (gpu,) = sim_node.session().bind([0])
+    reads = memory_reads(monkeypatch)
+    sim_node.now += 3.0
+    assert gpu.read(mem_samples=False).mem_util_samples is None and reads == []
+    sim_node.now += 0.1  # within the same 0.5 s window: no GPU sample is new
+    reading = gpu.read(mem_samples=False)
+    assert reading.util_samples == [] and reading.util == 80.0  # the rate
+    assert reads == [0] and reading.mem_util_samples and len(reading.mem_util_samples) == 6
+    assert reading.mem_util == 40.0
+
+
+def test_a_buffer_shorter_than_the_cadence_is_read_every_poll(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A driver that keeps fewer samples than the cadence's worth drops the oldest: the read
+    that finds the gap (its oldest sample more than two periods after the last one read)
+    makes the GPU's memory samples a read of every poll from then on, whatever the sampler
+    asks; a GPU whose buffer keeps up stays on the cadence."""
+    # minor 0 keeps four samples of each kind (2 s of its 0.5 s windows), the rest 120
+    table = [{**spec, "sample_buffer": 4} if spec["minor"] == 0 else spec for spec in SIM_DEVICES]
+    sim_node.write_devices({"gpu1": table})
+    profile = {"phases": [{"seconds": 100, "gpus": {"*": {"util": 80, "mem_util": 40}}}]}
+    sim_node.write_state(0, profile, started_at=BOOT + 995.0)
+    sim_node.write_state(1, profile, started_at=BOOT + 995.0)
+    short, long = sim_node.session().bind([0, 1])
+    reads = memory_reads(monkeypatch)
+    for _ in range(5):  # 5 s: ten 0.5 s windows, of which the short buffer keeps four
+        sim_node.now += 1.0
+        short.read(mem_samples=False)
+        long.read(mem_samples=False)
+    assert not short.mem_every_poll and reads == []
+    sim_node.now += 1.0
+    dropped = short.read().mem_util_samples
+    assert dropped is not None and len(dropped) == 4 and short.mem_every_poll
+    assert len(long.read().mem_util_samples or []) == 12 and not long.mem_every_poll
+    reads.clear()
+    for _ in range(3):
+        sim_node.now += 1.0
+        assert len(short.read(mem_samples=False).mem_util_samples or []) == 2  # every poll now
+        assert long.read(mem_samples=False).mem_util_samples is None
+    assert reads == [0, 0, 0]
 
 
 def test_utilisation_falls_back_to_rates_without_driver_samples(

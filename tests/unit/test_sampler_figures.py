@@ -11,6 +11,7 @@ pytest tests/unit/test_sampler_figures.py` rewrites the fixture (review its diff
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -23,7 +24,7 @@ import pytest
 from slurm_gpu_eff.config import Config, SteppedClock
 from slurm_gpu_eff.node import gpustats
 from slurm_gpu_eff.node.jobenv import JobContext
-from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, Sampler
+from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S, Sampler
 
 from .conftest import BOOT, SIM_DEVICES
 
@@ -68,10 +69,12 @@ def profiles() -> dict[int, dict[str, Any]]:
     }
 
 
-def run_figures(sim_node: Any, offset_file: Path, counter_by_cadence: bool = False) -> list[dict[str, Any]]:
+def run_figures(sim_node: Any, offset_file: Path, counter_by_cadence: bool = False,
+                polled: list[int] | None = None) -> list[dict[str, Any]]:
     """The scenario: the summaries it gives (two mid-run snapshots and the last).
-    `counter_by_cadence`: the energy counter read as the sampler's loop reads it (every
-    ENERGY_EVERY_S, and at the poll before each summary), not at every poll."""
+    `counter_by_cadence`: the energy counter and the memory samples read as the sampler's
+    loop reads them (every ENERGY_EVERY_S and MEM_SAMPLES_EVERY_S, and at the poll before
+    each summary), not at every poll. `polled` gets the number of polls."""
     rng = random.Random(21)
     own = os.getpid()
     for minor, profile in profiles().items():
@@ -102,6 +105,8 @@ def run_figures(sim_node: Any, offset_file: Path, counter_by_cadence: bool = Fal
             snapshots.append(sampler.snapshot("running").to_dict())
     snapshots.append(sampler.snapshot("complete").to_dict())
     session.close()
+    if polled is not None:
+        polled.append(polls)
     return snapshots
 
 
@@ -117,43 +122,97 @@ def figures(sim_node: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> l
     return json.loads(json.dumps(snapshots).replace(own, "OWN"))  # the pid varies by run
 
 
-def test_the_energy_counter_read_by_cadence_gives_the_same_figures(
-    figures: list[dict[str, Any]], sim_node: Any, tmp_path: Path, calls: list[str],
+def test_the_energy_counter_and_memory_samples_read_by_cadence_give_the_same_figures(
+    figures: list[dict[str, Any]], sim_node: Any, tmp_path: Path, calls: list[Any],
 ) -> None:
     """The loop reads the energy counter ENERGY_EVERY_S apart (a third of a poll's CPU on a
-    Hopper GPU) and at the poll before each summary: a counter loses nothing between reads,
-    so every summary is the same, but where the counter was reset (a driver reload) between
-    two reads: the energy of that stretch before the reset is not counted."""
+    Hopper GPU) and the memory-utilisation samples MEM_SAMPLES_EVERY_S apart (another
+    quarter), and both at the poll before each summary. A counter loses nothing between
+    reads, so every summary is the same, but where the counter was reset (a driver reload)
+    between two reads: the energy of that stretch before the reset is not counted. The
+    driver keeps its samples till they are read: the same samples, the same values. What
+    moves is the time counted. Where this scenario polls faster than the driver's period
+    (0.25 s steps), a poll that finds no sample newer than the last lets the rate stand for
+    its time, which the next sample covers again (the GPU figure does so still, and counts
+    more seconds than were sampled); by cadence the memory samples are still waiting at
+    such a poll. And a batch of two jittered samples (one gap: the period it is judged by)
+    caps a sample's weight that a longer batch's median does not. So the memory figure's
+    time stays within 1% of what it was, never under the time sampled, and its mean moves
+    by the double-counted rate alone."""
     sim_node.now = BOOT + 1000.0  # the scenario again, from its start
     calls.clear()
-    by_cadence = json.loads(json.dumps(run_figures(sim_node, tmp_path / "offset-2", True))
+    polled: list[int] = []
+    by_cadence = json.loads(json.dumps(run_figures(sim_node, tmp_path / "offset-2", True, polled))
                             .replace(str(os.getpid()), "OWN"))
     energy_reads = calls.count("nvmlDeviceGetTotalEnergyConsumption")
     assert 0 < energy_reads < 3 * 2400 / ENERGY_EVERY_S  # 3 GPUs with a counter: not every poll
+    # The memory samples: at under half the polls (the scenario's steps average ~1.7 s, and
+    # a poll that finds no new GPU sample, a third of them where the driver's period is 1 s,
+    # reads them too), but on GPU 0, whose buffer overflowed while NVML failed (120 s
+    # unread; it holds 60 s): every poll from then on.
+    memory = collections.Counter(call[1] for call in calls if isinstance(call, tuple))
+    assert memory[0] > polled[0] / 2 > max(memory[1], memory[2], memory[3]) > 0
     for got, want in zip(by_cadence, figures, strict=True):
         del got["frameworks"]
         reset = {g["minor"]: g.pop("energy_j") for g in got["gpus"] if g["minor"] == 1}
         pinned = {g["minor"]: g.pop("energy_j") for g in want["gpus"] if g["minor"] == 1}
         for g in (*got["gpus"], *want["gpus"]):  # the counter's errors: fewer reads, fewer
             g["errors"] = [re.sub(r" \(\d+ times\)$", "", e) if "Energy" in e else e for e in g["errors"]]
+        for g, w in zip(got["gpus"], want["gpus"], strict=True):
+            memory, before = g["metrics"].pop("mem_util"), w["metrics"].pop("mem_util")
+            assert [memory[k] for k in ("min", "max", "last")] == [before[k] for k in ("min", "max", "last")]
+            within = before["seconds"] + 0.01 * g["sampled_s"]
+            assert g["sampled_s"] - 0.5 <= memory["seconds"] <= within, g["minor"]
+            assert memory["mean"] == pytest.approx(before["mean"], abs=0.05)
         assert got == want
         # GPU 1's counter restarts at 1310 s; the last read before may be 10 s (at 600 W) earlier
         assert pinned[1] - 600 * ENERGY_EVERY_S <= reset[1] <= pinned[1]
 
 
+def test_the_memory_samples_come_by_the_driver_s_seconds(sim_node: Any, calls: list[Any]) -> None:
+    """The driver's buffer holds so many of its own seconds: under a simulation's time_scale
+    (8 driver seconds a wall second here) the cadence is MEM_SAMPLES_EVERY_S of them, not of
+    the wall clock. A full poll (the one before a summary) reads them whatever the cadence,
+    and the cadence counts from it."""
+    profile = {"phases": [{"seconds": 1000, "gpus": {"*": {"util": 80, "mem_util": 40}}}]}
+    sim_node.write_state(0, profile, started_at=BOOT + 995.0)
+    session = sim_node.session()
+    mono = [500.0]
+    sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([0]),
+                      clock=session.clock, monotonic=lambda: mono[0], time_scale=8.0)
+    read_at = []
+    for poll in range(21):  # a driver second a poll
+        sim_node.now += 1.0
+        mono[0] += 0.125
+        before = len(calls)
+        sampler.sample_once(poll in (12, 20))  # full at 12 and at the end
+        if any(isinstance(call, tuple) for call in calls[before:]):  # the memory samples'
+            read_at.append(poll)
+    assert MEM_SAMPLES_EVERY_S == 5 and read_at == [0, 5, 10, 12, 17, 20]
+    memory = sampler.gpus[0].stat("mem_util")
+    assert memory.mean == 40.0 and memory.seconds == pytest.approx(sampler.gpus[0].seconds, abs=0.5)
+
+
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The energy counter's reads (through pynvml: the name the sampler calls)."""
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The energy counter's reads and the memory samples' (through pynvml: the names the
+    sampler calls)."""
     import pynvml
 
-    made: list[str] = []
-    real = pynvml.nvmlDeviceGetTotalEnergyConsumption
+    made: list[Any] = []
+    counter, samples = pynvml.nvmlDeviceGetTotalEnergyConsumption, pynvml.nvmlDeviceGetSamples
 
     def counted(handle: Any) -> int:
         made.append("nvmlDeviceGetTotalEnergyConsumption")
-        return real(handle)
+        return counter(handle)
+
+    def sampled(handle: Any, kind: int, since: int) -> Any:
+        if kind == pynvml.NVML_MEMORY_UTILIZATION_SAMPLES:
+            made.append(("memory samples", pynvml.nvmlDeviceGetMinorNumber(handle)))
+        return samples(handle, kind, since)
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", counted)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", sampled)
     return made
 
 

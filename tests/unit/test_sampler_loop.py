@@ -41,8 +41,9 @@ class FakeSampler:
     def monotonic(self) -> float:
         return self.clock.now
 
-    def sample_once(self, energy_counter: bool = True) -> None:
-        if energy_counter or self.clock.now >= self._next:  # as Sampler.sample_once
+    def sample_once(self, full: bool = True) -> None:
+        energy_counter = full
+        if full or self.clock.now >= self._next:  # as Sampler.sample_once
             energy_counter, self._next = True, self.clock.now + ENERGY_EVERY_S
         took = 4 * self.clock.rng.uniform(0.008, 0.012)
         self.clock.now += took / 2
