@@ -26,8 +26,8 @@ def store(config: Config) -> Check:
             return Check("store", False, f"{path} does not exist and {parent} is not writable", fix)
         return Check("store", True, f"{path} will be made by the first delivery")
     try:
-        with open_store(url, readonly=True) as store:
-            applied = store.schema()
+        with open_store(url, readonly=True) as opened:
+            applied = opened.schema()
     except GpuEffError as exc:
         return Check("store", False, f"{shown_url(url)}: {exc}", fix)
     except Exception as exc:  # a driver's own error: said, not raised
