@@ -341,7 +341,8 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
         nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, events)
     gpm_at = time.time()
     energy_at = mem_at = 0.0
-    last_us = mem_last_us = int(time.time() * 1e6)
+    last_us = int(time.time() * 1e6)
+    mem_last_us = [last_us] * len(handles)  # per GPU: the memory samples are not read at every poll
     start = time.process_time()
     for _ in range(reads // GPUS):
         time.sleep(interval)
@@ -356,7 +357,7 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
             nvml.nvmlEventSetWait_v2(events, 0)
         except nvml.NVMLError_Timeout:
             pass
-        for h, pair in zip(handles, gpm, strict=True):
+        for gpu, (h, pair) in enumerate(zip(handles, gpm, strict=True)):
             fresh = 0
             try:
                 fresh = len(nvml.nvmlDeviceGetSamples(h, 1, last_us)[1])
@@ -364,9 +365,10 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
                 pass
             if take_mem or not fresh:  # by cadence, or where no GPU sample came (as the sampler)
                 try:
-                    nvml.nvmlDeviceGetSamples(h, 2, mem_last_us)
+                    nvml.nvmlDeviceGetSamples(h, 2, mem_last_us[gpu])
                 except nvml.NVMLError_NotFound:
                     pass
+                mem_last_us[gpu] = int(time.time() * 1e6)  # as the sampler: from its newest on
             if not fresh:  # no new driver window since the last poll: the rate stands in
                 nvml.nvmlDeviceGetUtilizationRates(h)
             nvml.nvmlDeviceGetMemoryInfo(h, nvml.nvmlMemory_v2)
@@ -387,8 +389,6 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
         if take_gpm:
             gpm_at = time.time()
         last_us = int(time.time() * 1e6)
-        if take_mem:
-            mem_last_us = last_us
     return (time.process_time() - start) / reads
 
 
