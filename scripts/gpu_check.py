@@ -1005,8 +1005,10 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
     for _ in range(reads):
         time.sleep(interval_s)  # the driver's buffer fills as between the sampler's polls
         new = has_samples and samples(1)
-        if has_samples and (not new or time.monotonic() >= mem_at):
+        due = time.monotonic() >= mem_at  # the cadence counts from its own reads (as the sampler's)
+        if has_samples and (not new or due):
             samples(2)
+        if due:
             mem_at = time.monotonic() + MEM_SAMPLES_EVERY_S
         if not new and has_rates:
             rates()

@@ -168,7 +168,7 @@ class Gpu:
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
         "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
-        "mismatches",
+        "mismatches", "util_resumed_us",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -225,6 +225,7 @@ class Gpu:
         # The memory samples read at every poll, not at the sampler's cadence: once a read
         # found some dropped (the buffer held less than the cadence's worth)
         self.mem_every_poll = False
+        self.util_resumed_us = 0  # the GPU samples' first after their last pause (the driver's clock)
         # The job's samples are the driver's after its newest at binding, told apart by the
         # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
         # where binding could not tell: the first poll's call decides (_baseline).
@@ -521,21 +522,35 @@ class Gpu:
                          found[0][0] - last)
         if len(found) > 1:
             self.driver_period_s = period / 1e6
-        if kind == MEMORY_UTILIZATION_SAMPLES and len(found) >= 4 and found[0][0] - last > 2 * period:
-            # The buffer held less than the time since the last read (or the sampler was
-            # stopped that long): from now on, every poll. Judged on a batch whose median gap
-            # is the driver's period, and past the jitter of its windows (up to +-40%).
-            self.mem_every_poll = True
+        if kind == MEMORY_UTILIZATION_SAMPLES:
+            self._dropped(found, last, period)
         out = []
         for stamp, value in found:
             # A sample stands for the time since the one before: its window, give or take
             # the driver's jitter. A longer gap means the buffer dropped samples between
             # two polls: that time stays unmeasured, not stretched over.
             gap = stamp - last
-            out.append((value, (gap if gap <= 1.5 * period else period) / 1e6))
+            if gap <= 1.5 * period:
+                out.append((value, gap / 1e6))
+            else:
+                out.append((value, period / 1e6))
+                if gap > 2 * period and kind == GPU_UTILIZATION_SAMPLES:
+                    self.util_resumed_us = stamp  # the GPU samples paused till here
             last = stamp
         self.last_sample_us[kind] = last
         return out
+
+    def _dropped(self, found: list[tuple[int, float]], last: int, period: float) -> None:
+        """Memory samples the driver dropped between two reads at the sampler's cadence (its
+        buffer held less than that): from now on, read every poll. Judged on a batch of
+        four or more, whose median gap is the driver's period, past the jitter of its
+        windows (up to +-40%). No drop where the GPU samples, read every poll, paused over
+        the same stretch: a driver that fills nothing while the GPU idles, a sampler that
+        was stopped, or the first samples after binding on an empty buffer (last 0)."""
+        first = found[0][0]
+        if (len(found) >= 4 and last and first - last > 2 * period
+                and not last < self.util_resumed_us <= first):
+            self.mem_every_poll = True
 
     def _newest_sample_us(self, kind: int) -> int | None:
         """The driver's newest sample's timestamp (0: it has none, so every one to come is

@@ -237,6 +237,42 @@ def test_a_buffer_shorter_than_the_cadence_is_read_every_poll(
     assert reads == [0, 0, 0]
 
 
+def driver_fills_nothing(monkeypatch: pytest.MonkeyPatch, when: Any) -> None:
+    """A driver that keeps no sample of either kind for windows ending `when(seconds)`: one
+    that stops filling its buffer while the GPU idles, or has none yet at binding."""
+    real = pynvml.nvmlDeviceGetSamples
+
+    def filtered(handle: Any, kind: int, since: int) -> Any:
+        value_type, found = real(handle, kind, since)
+        kept = [sample for sample in found if not when(sample.timeStamp / 1e6)]
+        if not kept:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return value_type, kept
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", filtered)
+
+
+@pytest.mark.parametrize(("when", "first_poll_s"), [
+    (lambda t: BOOT + 1003.2 <= t < BOOT + 1006.2, 0.0),  # 3 s unfilled while idle
+    (lambda t: t <= BOOT + 1000.0, 1.5),  # nothing in the buffer at binding
+])
+def test_a_pause_in_the_driver_s_samples_is_no_drop(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch, when: Any, first_poll_s: float,
+) -> None:
+    """A gap in the memory samples that the GPU samples show too (read every poll, they
+    paused over the same stretch) is the driver's, not a buffer too short for the cadence:
+    the memory samples stay on it. (Found in review: both cases turned every-poll reads on.)"""
+    profile = {"phases": [{"seconds": 1000, "gpus": {"*": {"util": 80, "mem_util": 40}}}]}
+    sim_node.write_state(0, profile, started_at=BOOT + 995.0)
+    driver_fills_nothing(monkeypatch, when)
+    (gpu,) = sim_node.session().bind([0])
+    sim_node.now += first_poll_s
+    for poll in range(12):
+        sim_node.now += 1.0
+        gpu.read(mem_samples=poll % 5 == 0)
+    assert not gpu.mem_every_poll
+
+
 def test_utilisation_falls_back_to_rates_without_driver_samples(
     sim_node: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -136,9 +136,9 @@ def test_the_energy_counter_and_memory_samples_read_by_cadence_give_the_same_fig
     its time, which the next sample covers again (the GPU figure does so still, and counts
     more seconds than were sampled); by cadence the memory samples are still waiting at
     such a poll. And a batch of two jittered samples (one gap: the period it is judged by)
-    caps a sample's weight that a longer batch's median does not. So the memory figure's
-    time stays within 1% of what it was, never under the time sampled, and its mean moves
-    by the double-counted rate alone."""
+    caps a sample's weight that a longer batch's median does not (0.3 s more here). So the
+    memory figure's time is at most half a second over what it was, never under the time
+    sampled, and its mean moves by the double-counted rate alone."""
     sim_node.now = BOOT + 1000.0  # the scenario again, from its start
     calls.clear()
     polled: list[int] = []
@@ -148,10 +148,10 @@ def test_the_energy_counter_and_memory_samples_read_by_cadence_give_the_same_fig
     assert 0 < energy_reads < 3 * 2400 / ENERGY_EVERY_S  # 3 GPUs with a counter: not every poll
     # The memory samples: at under half the polls (the scenario's steps average ~1.7 s, and
     # a poll that finds no new GPU sample, a third of them where the driver's period is 1 s,
-    # reads them too), but on GPU 0, whose buffer overflowed while NVML failed (120 s
-    # unread; it holds 60 s): every poll from then on.
+    # reads them too). GPU 0's buffer overflowed while NVML failed (120 s unread; it holds
+    # 60 s), its GPU samples' too: a sampler stopped, no buffer too short for the cadence.
     memory = collections.Counter(call[1] for call in calls if isinstance(call, tuple))
-    assert memory[0] > polled[0] / 2 > max(memory[1], memory[2], memory[3]) > 0
+    assert polled[0] / 2 > max(memory.values()) >= min(memory.values()) > 0 and len(memory) == 4
     for got, want in zip(by_cadence, figures, strict=True):
         del got["frameworks"]
         reset = {g["minor"]: g.pop("energy_j") for g in got["gpus"] if g["minor"] == 1}
@@ -161,8 +161,7 @@ def test_the_energy_counter_and_memory_samples_read_by_cadence_give_the_same_fig
         for g, w in zip(got["gpus"], want["gpus"], strict=True):
             memory, before = g["metrics"].pop("mem_util"), w["metrics"].pop("mem_util")
             assert [memory[k] for k in ("min", "max", "last")] == [before[k] for k in ("min", "max", "last")]
-            within = before["seconds"] + 0.01 * g["sampled_s"]
-            assert g["sampled_s"] - 0.5 <= memory["seconds"] <= within, g["minor"]
+            assert g["sampled_s"] - 0.5 <= memory["seconds"] <= before["seconds"] + 0.5, g["minor"]
             assert memory["mean"] == pytest.approx(before["mean"], abs=0.05)
         assert got == want
         # GPU 1's counter restarts at 1310 s; the last read before may be 10 s (at 600 W) earlier
