@@ -111,11 +111,12 @@ class Sampler:
         energy counter and the memory-utilisation samples are read only where their
         cadence has come round (ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S since the last read)."""
         mono = self.monotonic()
-        energy_counter = mem_samples = full
-        if full or mono >= self._next_energy:
-            energy_counter, self._next_energy = True, mono + ENERGY_EVERY_S
-        if full or mono >= self._next_mem:  # the driver's seconds, as its buffer holds them
-            mem_samples, self._next_mem = True, mono + MEM_SAMPLES_EVERY_S / self.time_scale
+        energy_counter = full or mono >= self._next_energy
+        if energy_counter:
+            self._next_energy = mono + ENERGY_EVERY_S
+        mem_samples = full or mono >= self._next_mem
+        if mem_samples:  # in the driver's seconds, as its buffer holds them
+            self._next_mem = mono + MEM_SAMPLES_EVERY_S / self.time_scale
         now = self.clock()
         # A reading stands for the time since the one before (NVML's figures look back),
         # the first for the time since binding: the mean covers [binding, last reading].

@@ -42,9 +42,9 @@ class FakeSampler:
         return self.clock.now
 
     def sample_once(self, full: bool = True) -> None:
-        energy_counter = full
-        if full or self.clock.now >= self._next:  # as Sampler.sample_once
-            energy_counter, self._next = True, self.clock.now + ENERGY_EVERY_S
+        energy_counter = full or self.clock.now >= self._next  # as Sampler.sample_once
+        if energy_counter:
+            self._next = self.clock.now + ENERGY_EVERY_S
         took = 4 * self.clock.rng.uniform(0.008, 0.012)
         self.clock.now += took / 2
         if energy_counter:
