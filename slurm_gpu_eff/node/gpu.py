@@ -138,6 +138,9 @@ class Reading:
     # pid -> SM utilisation of the driver's last sample period (about 1/6 s) before this
     # poll, for the processes busy in it: a sample per poll, not a mean since the last one.
     process_sm: dict[int, float] | None = None
+    # Polled within the driver's open sample window (faster than its period): no GPU
+    # figure yet; the sample that closes the window will stand for this poll's time.
+    util_later: bool = False
 
     @property
     def processes(self) -> int | None:
@@ -150,7 +153,8 @@ class Reading:
                 and self.pids is None and not self.gpm and not self.util_samples
                 and self.mem_util is None and self.energy_mj is None and self.temp_c is None
                 and self.sm_clock_mhz is None and self.throttle_mask is None
-                and self.ecc_uncorrected is None and self.process_sm is None)
+                and self.ecc_uncorrected is None and self.process_sm is None
+                and not self.util_later)
 
 
 def _text(value: Any) -> str:
@@ -168,7 +172,7 @@ class Gpu:
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
         "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
-        "mismatches", "util_resumed_us",
+        "mismatches", "rate_stood", "util_resumed_us", "util_seen_at",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -226,6 +230,8 @@ class Gpu:
         # found some dropped (the buffer held less than the cadence's worth)
         self.mem_every_poll = False
         self.util_resumed_us = 0  # the GPU samples' first after their last pause (the driver's clock)
+        # A rate stood for a poll since the last sample of each kind was read (_utilisation)
+        self.rate_stood = {GPU_UTILIZATION_SAMPLES: False, MEMORY_UTILIZATION_SAMPLES: False}
         # The job's samples are the driver's after its newest at binding, told apart by the
         # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
         # where binding could not tell: the first poll's call decides (_baseline).
@@ -233,6 +239,9 @@ class Gpu:
             kind: self._newest_sample_us(kind)
             for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
         }
+        # When (our clock) the newest GPU sample was read; at binding, the driver's newest
+        # then, if it had any: its window is open (Reading.util_later) for 1.5 periods
+        self.util_seen_at = self.bound_at if self.last_sample_us[GPU_UTILIZATION_SAMPLES] else 0.0
         self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
         self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
@@ -518,8 +527,14 @@ class Gpu:
         if not found:
             self.last_sample_us[kind] = last
             return []
-        period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)],
-                         found[0][0] - last)
+        # One sample alone has no gap of its own to judge by: its own stands, unless a rate
+        # stood for some of that time (a driver that paused): then the period learnt before
+        # caps it, so that the sample is not stretched over time the rate counted.
+        first_gap = found[0][0] - last
+        if self.rate_stood[kind]:
+            self.rate_stood[kind] = False
+            first_gap = min(first_gap, round(self.driver_period_s * 1e6))
+        period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)], first_gap)
         if len(found) > 1:
             self.driver_period_s = period / 1e6
         if kind == MEMORY_UTILIZATION_SAMPLES:
@@ -538,6 +553,8 @@ class Gpu:
                     self.util_resumed_us = stamp  # the GPU samples paused till here
             last = stamp
         self.last_sample_us[kind] = last
+        if kind == GPU_UTILIZATION_SAMPLES:
+            self.util_seen_at = now
         return out
 
     def _dropped(self, found: list[tuple[int, float]], last: int, period: float) -> None:
@@ -631,12 +648,13 @@ class Gpu:
             return [] if exc.value == NVML_SUCCESS else None
 
     def read(self, per_process: bool = False, energy_counter: bool = True,
-             mem_samples: bool = True) -> Reading:
+             mem_samples: bool = True, final: bool = False) -> Reading:
         """One poll; `per_process` also reads each process's SM utilisation (a shared GPU);
         `energy_counter` False leaves the energy counter out (energy_mj None); `mem_samples`
         False leaves the memory-utilisation samples in the driver's buffer for a later poll
         (mem_util None), where the GPU samples came (the buffer is being filled) and the
-        GPU has not dropped any at that cadence."""
+        GPU has not dropped any at that cadence. `final`: no poll follows (the job's end),
+        so that no sample will close the driver's open window: the rate stands in."""
         # Once a GPU a poll: the Reading is built from positional arguments (its fields'
         # order), cheaper than by keyword.
         now = self.clock()
@@ -658,7 +676,15 @@ class Gpu:
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES, now)
         util: float | None
         mem_util: float | None
-        if util_samples and not mem_samples and not self.mem_every_poll:
+        later = util_samples == [] and not final and self._window_open(now)
+        if later:
+            # Polled faster than the driver's period: the sample that closes its window
+            # covers back to the last one, this poll's time included. No rate stands in:
+            # it repeats the last window's value, for time that sample will count again.
+            mem = (self._samples(MEMORY_UTILIZATION_SAMPLES, now)
+                   if mem_samples or self.mem_every_poll else None)
+            util, mem_util = None, mem[-1][0] if mem else None
+        elif util_samples and not mem_samples and not self.mem_every_poll:
             # Left in the buffer: the next read takes them, each for its own window. No rate
             # stands in for this poll (the samples will cover its time).
             util, mem_util, mem = util_samples[-1][0], None, None
@@ -675,9 +701,19 @@ class Gpu:
             throttle, ecc,  # throttle_mask, ecc_uncorrected
             pids,
             self._process_sm() if per_process else None,  # process_sm
+            later,  # util_later
         )
         self.listed = pids  # a whole read: this poll's list, for the look at the node
         return reading
+
+    def _window_open(self, now: float) -> bool:
+        """Whether the driver's sample window after the last GPU sample is still open at
+        `now`: at most 1.5 periods after the poll that read that sample (a sample that
+        late covers back to the last one: _samples). Past that (a driver that stops
+        filling its buffer while the GPU idles), or with no sample in the buffer yet, the
+        rate stands in."""
+        seen = self.util_seen_at  # our clock, not the driver's timestamps: any driver's
+        return seen > 0 and 0 <= now - seen <= 1.5 * self.driver_period_s
 
     def _utilisation(self, util_samples: list[tuple[float, float]] | None,
                      mem_samples: list[tuple[float, float]] | None) -> tuple[float | None, float | None]:
@@ -693,6 +729,10 @@ class Gpu:
             util = mem_util = None
             if rates is not None:
                 util, mem_util = float(_field(rates, "gpu")), float(_field(rates, "memory"))
+                # the rate stood for this poll's time: the next sample of a kind is not
+                # stretched over it
+                self.rate_stood[GPU_UTILIZATION_SAMPLES] = True
+                self.rate_stood[MEMORY_UTILIZATION_SAMPLES] = not mem_samples
             if mem_samples:
                 mem_util = mem_samples[-1][0]
         return util, mem_util

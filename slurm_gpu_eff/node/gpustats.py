@@ -29,9 +29,10 @@ class GpuStats:
     __slots__ = (
         "ecc_first", "ecc_last", "elapsed", "energy_counted", "energy_counter_j", "energy_last_mj",
         "errors", "first_at", "gpu", "histogram", "idle_from", "idle_from_s", "idle_longest",
-        "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "pending", "power_energy_j",
-        "processes_max", "samples", "seconds", "settled_pids", "shared_s", "shared_with", "sluid", "_stats",
-        "throttle_observed_s", "throttle_s", "timeline", "util_source", "xid_events",
+        "idle_owed_s", "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "pending",
+        "power_energy_j", "processes_max", "samples", "seconds", "settled_pids", "shared_s",
+        "shared_with", "sluid", "_stats", "throttle_observed_s", "throttle_s", "timeline",
+        "util_source", "xid_events",
     )
 
     def __init__(self, gpu: Gpu, job_id: str = "", sluid: str = "") -> None:
@@ -56,6 +57,9 @@ class GpuStats:
         self.idle_from_s = 0.0  # the same, as an offset in the window
         self.idle_s = 0.0  # its measured length: what the idle policy cancels on
         self.idle_longest: tuple[float, float] | None = None  # (from, seconds)
+        # Polls within the driver's open window (Reading.util_later): their time goes to
+        # the stretch, or ends it, with the sample that closes the window.
+        self.idle_owed_s = 0.0
         self.samples = 0
         self.seconds = 0.0
         # The counter at the last reading (at binding, the first): None without a counter
@@ -111,7 +115,7 @@ class GpuStats:
         own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
         if pids is not None and (pids != self.settled_pids or process_sm is not None):
             own = self._add_sharing(pids, process_sm, seconds)
-        place = self._add_idle(reading.time, seconds, util, gap)
+        place = self._add_idle(reading.time, seconds, util, gap, reading.util_later)
         pending = self.pending
         pending.append((reading, seconds, util, place, own))
         if len(pending) >= FLUSH_POLLS:
@@ -191,20 +195,29 @@ class GpuStats:
         self.timeline.add(place, seconds, util, gpm.get("sm_active") if gpm else None, power,
                           None if mem is None else mem / 1024**3)
 
-    def _add_idle(self, at: float, seconds: float, util: float | None, gap: bool = False) -> float:
+    def _add_idle(self, at: float, seconds: float, util: float | None, gap: bool = False,
+                  later: bool = False) -> float:
         """The stretch is the sum of the idle polls' measured seconds, never the distance
         between two clock readings: a wall-clock step (NTP) lengthens nothing, and a poll
         whose utilisation could not be read ends the stretch (no reading is no evidence
         of idleness, and the idle policy cancels jobs on this figure). After a `gap` an
-        idle poll begins a new stretch, the unread time not in it. Returns where in the
-        window the reading lies: its start on the driver's clock, plus the measured time
-        since (the wall clock's steps move no reading in the timeline)."""
+        idle poll begins a new stretch, the unread time not in it. A poll `later` (the
+        driver's window still open) neither lengthens nor ends it: its seconds wait for
+        the poll whose sample covers them. Returns where in the window the reading lies:
+        its start on the driver's clock, plus the measured time since (the wall clock's
+        steps move no reading in the timeline)."""
         if self.first_at is None:
             self.first_at = at - seconds
         self.elapsed += seconds
         place = self.first_at + self.elapsed
         if gap:
-            self.idle_from, self.idle_s, seconds = None, 0.0, 0.0
+            self.idle_from, self.idle_s, self.idle_owed_s, seconds = None, 0.0, 0.0, 0.0
+        if later:
+            self.idle_owed_s += seconds
+            return place
+        if self.idle_owed_s:
+            seconds += self.idle_owed_s
+            self.idle_owed_s = 0.0
         if util is None or util >= Histogram.IDLE_BELOW:
             self.idle_from, self.idle_s = None, 0.0
             return place

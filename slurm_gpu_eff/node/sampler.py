@@ -106,10 +106,13 @@ class Sampler:
         self._next_energy = 0.0  # monotonic time the energy counter is next read by cadence
         self._next_mem = 0.0  # ... and the memory-utilisation samples
 
-    def sample_once(self, full: bool = True) -> None:
+    def sample_once(self, full: bool = True, final: bool = True) -> None:
         """One poll of every GPU. `full` False (the loop's polls between summaries): the
         energy counter and the memory-utilisation samples are read only where their
-        cadence has come round (ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S since the last read)."""
+        cadence has come round (ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S since the last read).
+        `final` False (the loop's polls): a poll within the driver's open sample window
+        leaves the GPU figure to the sample that closes it; the final reading, which no
+        sample will follow, takes the rate (Gpu.read)."""
         mono = self.monotonic()
         energy_counter = full or mono >= self._next_energy
         if energy_counter:
@@ -129,7 +132,8 @@ class Sampler:
             if stats.lost_at is not None:
                 continue
             try:
-                readings.append((stats, stats.gpu.read(bool(stats.shared_s), energy_counter, mem_samples)))
+                readings.append((stats, stats.gpu.read(bool(stats.shared_s), energy_counter, mem_samples,
+                                                       final)))
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
@@ -271,7 +275,7 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         # would otherwise fall due at this tick or the next as the polls' lengths jitter.
         soon = sampler.monotonic() + sampler.wait_s / 2
         checkpoint_due, live_due = soon >= next_checkpoint, soon >= next_live
-        sampler.sample_once(checkpoint_due or live_due)
+        sampler.sample_once(checkpoint_due or live_due, final=False)
         export_live(sampler, log)
         now = sampler.monotonic()
         level = sampler.idle_level()
