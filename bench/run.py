@@ -10,12 +10,17 @@ run on the same machine, so the numbers travel between machines:
   run set against the mean of the sampler runs either side of it), start-up excluded
   (read off the running sampler from half a second into its polling), / the bare cost of
   the NVML calls it makes (the same pynvml over the same stand-in libnvidia-ml.so.1,
-  in-process). At 1 s a 20 s run costs less CPU than rusage resolves, so the loop runs
-  at --interval (default 20 ms): the cost of a reading does not depend on the interval,
-  and the sampler blocks in select() between;
+  in-process, bench/bare.py). At 1 s a 20 s run costs less CPU than rusage resolves, so
+  the loop runs at --interval (default 20 ms) of wall time, and the simulated driver 50
+  times as fast: each poll is a second of its clock and finds what a poll at the default
+  `interval_s = 1` finds on a node (six GPU samples, the memory samples every fifth poll,
+  the energy counter every tenth; until 2026-11-27 the driver ran at wall speed, and 7 of
+  8 polls found no new sample, which no node polling at 1 s sees); the sampler blocks in
+  poll() between;
 - sampler peak RSS (its own VmHWM, read before it stops);
-- bytes one job-GPU adds to the SQLite store (the summary of this short run: a long job
-  adds up to 720 timeline points per GPU, about 13 KB per GPU after 7 days);
+- bytes one job-GPU adds to the SQLite store (the summary of this run, ten minutes of the
+  driver's clock: a long job adds up to 720 timeline points per GPU, about 13 KB per GPU
+  after 7 days);
 - on each store engine (SQLite; PostgreSQL, a private server from scripts/pg.sh, where
   this machine has one and we are root): the epilog's wall time (median) with the store
   up, and with it down (the SQLite file held locked by a reader; the PostgreSQL server
@@ -62,12 +67,20 @@ PROLOG = str(REPO / "prolog" / "gpueff-prolog")
 EPILOG = str(REPO / "epilog" / "gpueff-epilog")
 STANDIN = str(REPO / "build" / "nvml" / "current" / "libnvidia-ml.so.1")  # `make` builds it
 GPUS = 4
+# The sampler's polls, each a second of the simulated driver's clock (interval_s = 1, the
+# default): at 20 ms of wall time a poll, the driver runs 50 times as fast, so that each
+# poll finds what one on a node finds (six GPU samples of 1/6 s, the memory samples every
+# fifth poll, the energy counter every tenth), only sooner.
+DRIVER_S = 1.0
 
 
-def setup(root: Path, interval: float, store: dict[str, dict[str, Any]] | None = None) -> dict[str, str]:
+def setup(root: Path, interval: float, store: dict[str, dict[str, Any]] | None = None,
+          driver_s: float = 0.0) -> dict[str, str]:
     """A config with 4 simulated GPUs busy under a profile; returns a Slurm-like env.
     `store`: the config's [store] section and any other (StoreSite.sections(); default:
-    the SQLite file root/store.db)."""
+    the SQLite file root/store.db). `driver_s`: each poll (`interval` wall seconds apart)
+    is that many seconds of the simulated driver's clock (its time_scale), so that a poll
+    finds what a poll `driver_s` apart finds on a real node."""
     devices = {"bench": [
         {"minor": i, "uuid": f"GPU-bench000-0000-0000-0000-00000000000{i}", "name": "sim",
          "memory_total_gib": 80, "power_limit_w": 700, "idle_power_w": 70}
@@ -77,7 +90,7 @@ def setup(root: Path, interval: float, store: dict[str, dict[str, Any]] | None =
     (root / "devices.json").write_text(json.dumps(devices))
     state = root / "state" / "bench"
     state.mkdir(parents=True)
-    profile = {"phases": [{"seconds": 3600, "gpus": {"*": {
+    profile = {"phases": [{"seconds": 10**7, "gpus": {"*": {
         "util": {"low": 0, "high": 100, "period_s": 2, "duty": 0.5},
         "mem_util": 40, "mem_used_gib": 30, "power_w": 400}}}]}
     from slurm_gpu_eff.sim.profile import parse_profile
@@ -89,8 +102,9 @@ def setup(root: Path, interval: float, store: dict[str, dict[str, Any]] | None =
         (state / f"gpu{i}.json").write_text(json.dumps(record))
     config = write_config(root / "gpueff.toml", {
         "gpu": {"library": STANDIN},
-        "sim": {"devices": f"{root}/devices.json", "state_dir": f"{root}/state"},
-        "sampler": {"interval_s": interval, "checkpoint_s": 60, "live_s": 3600},
+        "sim": {"devices": f"{root}/devices.json", "state_dir": f"{root}/state",
+                **({"time_scale": driver_s / interval} if driver_s else {})},
+        "sampler": {"interval_s": driver_s or interval, "checkpoint_s": 60, "live_s": 3600},
         "spool": {"dir": f"{root}/spool/%n", "retry_s": 0.5, "retry_max_s": 1},
         **(store or {"store": {"path": f"{root}/store.db"}}),
         "log": {"file": f"{root}/log/%n.log"},
@@ -315,80 +329,33 @@ def bare_reads_in_child(env: dict[str, str], reads: int, interval: float) -> flo
 
 def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     """CPU per GPU-sample of the NVML calls alone, through the same pynvml and library,
-    in this process (the baseline): the calls the sampler makes per GPU and poll, at the
-    sampler's cadence (a poll after a sleep costs more than one in a tight loop: the
-    caches have gone cold)."""
+    in this process (the baseline): the calls the sampler makes per GPU and poll, on its
+    cadences (bench/bare.py), after the same sleep (a poll after a sleep costs more than
+    one in a tight loop: the caches have gone cold)."""
     os.environ.update(GPUEFF_CONFIG=env["GPUEFF_CONFIG"], SLURMD_NODENAME=env["SLURMD_NODENAME"])
     sys.path.insert(0, str(REPO))
+    from bench.bare import BareGpu, Cadence
     from slurm_gpu_eff.config import load_config
     from slurm_gpu_eff.node.gpu import load_nvml
-    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
 
-    nvml = load_nvml(load_config())
+    config = load_config()
+    nvml = load_nvml(config)
     nvml.nvmlInit()
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(GPUS)]
-    gpm = [[nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()] for _ in handles]
-    for h, (first, _) in zip(handles, gpm, strict=True):
-        nvml.nvmlGpmSampleGet(h, first)
-    # one metrics request, made before (as the sampler does): each GPM read fills it
-    request = nvml.c_nvmlGpmMetricsGet_t()
-    request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = 11
-    for slot, metric in zip(request.metrics, (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61), strict=False):
-        slot.metricId = metric
+    cadence = Cadence(config.sim_time_scale)  # the driver's seconds, as the sampler's
+    gpus = [BareGpu(nvml, nvml.nvmlDeviceGetHandleByIndex(i), cadence.now()) for i in range(GPUS)]
     events = nvml.nvmlEventSetCreate()
-    for h in handles:
-        nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, events)
-    gpm_at = time.time()
-    energy_at = mem_at = 0.0
-    last_us = int(time.time() * 1e6)
-    mem_last_us = [last_us] * len(handles)  # per GPU: the memory samples are not read at every poll
+    for gpu in gpus:
+        nvml.nvmlDeviceRegisterEvents(gpu.handle, nvml.nvmlEventTypeXidCriticalError, events)
     start = time.process_time()
     for _ in range(reads // GPUS):
         time.sleep(interval)
-        take_gpm = time.time() - gpm_at > 0.1  # as the sampler: GPM pairs > 100 ms apart
-        take_energy = time.monotonic() >= energy_at  # as the sampler's loop between summaries
-        if take_energy:
-            energy_at = time.monotonic() + ENERGY_EVERY_S
-        take_mem = time.monotonic() >= mem_at  # the memory samples too, on their own cadence
-        if take_mem:
-            mem_at = time.monotonic() + MEM_SAMPLES_EVERY_S
+        now, energy, mem, gpm = cadence.poll()
         try:  # once a poll, for all GPUs: XID events
             nvml.nvmlEventSetWait_v2(events, 0)
         except nvml.NVMLError_Timeout:
             pass
-        for gpu, (h, pair) in enumerate(zip(handles, gpm, strict=True)):
-            fresh = 0
-            try:
-                fresh = len(nvml.nvmlDeviceGetSamples(h, 1, last_us)[1])
-            except nvml.NVMLError_NotFound:
-                pass
-            if take_mem or not fresh:  # by cadence, or where no GPU sample came (as the sampler)
-                try:
-                    nvml.nvmlDeviceGetSamples(h, 2, mem_last_us[gpu])
-                except nvml.NVMLError_NotFound:
-                    pass
-                mem_last_us[gpu] = int(time.time() * 1e6)  # as the sampler: from its newest on
-            if not fresh:  # no new driver window since the last poll: the rate stands in
-                nvml.nvmlDeviceGetUtilizationRates(h)
-            nvml.nvmlDeviceGetMemoryInfo(h, nvml.nvmlMemory_v2)
-            nvml.nvmlDeviceGetComputeRunningProcesses(h)
-            nvml.nvmlDeviceGetPowerUsage(h)
-            nvml.nvmlDeviceGetTemperatureV(h, 0)
-            nvml.nvmlDeviceGetClockInfo(h, 1)
-            if take_energy:
-                nvml.nvmlDeviceGetTotalEnergyConsumption(h)
-            nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-            nvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)
-            if take_gpm:
-                first, second = pair
-                nvml.nvmlGpmSampleGet(h, second)
-                request.sample1, request.sample2 = first, second
-                nvml.nvmlGpmMetricsGet(request)
-                pair.reverse()
-        if take_gpm:
-            gpm_at = time.time()
-        last_us = int(time.time() * 1e6)
+        for gpu in gpus:
+            gpu.poll(now, energy, mem, gpm)
     return (time.process_time() - start) / reads
 
 
@@ -558,7 +525,7 @@ def sampler_rows(root: Path, interval: float, seconds: float,
                  rounds: int) -> list[tuple[str, str, str, str, bool]]:
     """The sampler's CPU per GPU-sample against the bare NVML calls, its RSS, and the
     bytes stored per job-GPU."""
-    env = setup(root / "sampler", interval)
+    env = setup(root / "sampler", interval, driver_s=DRIVER_S)
     run_sampler(root / "sampler", env, "10", 0.0)  # warm-up: compiles and caches
     # Sampler and baseline in turns, each baseline between two sampler runs and set against
     # their mean (a load that rises or falls over the turns weighs on both sides alike);
@@ -571,7 +538,7 @@ def sampler_rows(root: Path, interval: float, seconds: float,
         # The polls in those seconds, from the sampler's fixed cadence, once the whole run
         # shows it kept to it (a sampler that fell behind would look cheaper than it is).
         polls = samples / GPUS
-        expected = (summary["sampled_until"] - summary["sampled_from"]) / interval + 1
+        expected = (summary["sampled_until"] - summary["sampled_from"]) / DRIVER_S + 1
         if polls < 0.98 * expected:
             raise RuntimeError(f"the sampler fell behind its {interval} s interval: "
                                f"{polls:.0f} polls where {expected:.0f} were due")

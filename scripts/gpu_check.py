@@ -355,8 +355,9 @@ def cpu_line(cpu: CpuFigure) -> str:
         f"({bare * 1000:.3f} ms); target <= {CPU_RATIO:g}x: "
         f"{'ok' if result.ok else 'OFF'}\n"
         f"  ({cpu.samples} samples at {CPU_INTERVAL_S * 1000:g} ms, less a sampler stopped after its "
-        f"first reading; bare: {cpu.calls} calls a poll, the energy counter every "
-        f"{ENERGY_EVERY_S:g} s and the memory samples every {MEM_SAMPLES_EVERY_S:g} s, in-process)"
+        f"first reading; bare (bench/bare.py): {cpu.calls} calls a poll, the energy counter every "
+        f"{ENERGY_EVERY_S:g} s and the memory samples every {MEM_SAMPLES_EVERY_S:g} s, no rate "
+        f"while the driver's window is open, in-process)"
     ) + call_lines(cpu.call_ms)
 
 
@@ -952,80 +953,26 @@ def open_gpu(index: int) -> GpuInfo:
 
 
 def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float | None, int]:
-    """CPU per poll of the NVML calls the sampler makes for one GPU (bench/run.py's list,
-    plus the utilisation rates it asks for when no new driver sample came, the energy
-    counter every ENERGY_EVERY_S and the memory samples every MEM_SAMPLES_EVERY_S, or at a
-    poll with no new GPU sample, as between summaries), through plain pynvml in this
-    process. Calls this GPU does not support are left out, as the sampler stops making
-    them. Returns (CPU seconds per poll, calls per poll but the energy counter's)."""
-    nvml, handle = gpu.nvml, gpu.handle
-    last = {1: 0, 2: 0}  # the newest driver sample seen, per kind, as the sampler passes it
+    """CPU per poll of the NVML calls the sampler makes for one GPU between summaries, on
+    its cadences (bench/bare.py, the stand-in bench's baseline too), through plain pynvml
+    in this process; calls this GPU refuses left out, as the sampler stops making them.
+    Returns (CPU seconds per poll, calls every poll makes but those by cadence)."""
+    from bench.bare import BareGpu, Cadence
 
-    def samples(kind: int) -> bool:
-        """True when the driver had a sample newer than the last one seen."""
-        try:
-            _, found = nvml.nvmlDeviceGetSamples(handle, kind, last[kind])
-        except nvml.NVMLError_NotFound:
-            return False
-        except nvml.NVMLError as exc:
-            if exc.value != 0:  # pynvml raises NVMLError(SUCCESS) when there is none new
-                raise
-            return False
-        last[kind] = max([last[kind], *(int(s.timeStamp) for s in found)])
-        return bool(found)
-
-    def rates() -> object:
-        return nvml.nvmlDeviceGetUtilizationRates(handle)
-
-    calls: list[Callable[[], object]] = [
-        lambda: nvml.nvmlDeviceGetMemoryInfo(handle, nvml.nvmlMemory_v2),
-        lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle),
-        lambda: nvml.nvmlDeviceGetPowerUsage(handle),
-        lambda: nvml.nvmlDeviceGetTemperatureV(handle, 0),
-        lambda: nvml.nvmlDeviceGetClockInfo(handle, 1),
-        lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle),
-        lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0),
-    ]
-    calls = [call for call in calls if supported(nvml, call)]
-    # the energy counter and the memory samples: ENERGY_EVERY_S and MEM_SAMPLES_EVERY_S
-    # apart, as the sampler's loop reads them between summaries
-    from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
-
-    def energy() -> object:
-        return nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-
-    has_energy = supported(nvml, energy)
-    energy_at = mem_at = 0.0
-    has_samples = supported(nvml, lambda: samples(1)) and supported(nvml, lambda: samples(2))
-    has_rates = supported(nvml, rates)
-    gpm = gpm_pair(nvml, handle)
-    request = gpm_request(nvml) if gpm is not None else None
-    gpm_at = time.time()
+    cadence = Cadence()
+    bare = BareGpu(gpu.nvml, gpu.handle, cadence.now())
     start = time.process_time()
     for _ in range(reads):
         time.sleep(interval_s)  # the driver's buffer fills as between the sampler's polls
-        new = has_samples and samples(1)
-        due = time.monotonic() >= mem_at  # the cadence counts from its own reads (as the sampler's)
-        if has_samples and (not new or due):
-            samples(2)
-        if due:
-            mem_at = time.monotonic() + MEM_SAMPLES_EVERY_S
-        if not new and has_rates:
-            rates()
-        for call in calls:
-            call()
-        if has_energy and time.monotonic() >= energy_at:
-            energy()
-            energy_at = time.monotonic() + ENERGY_EVERY_S
-        if gpm is not None and time.time() - gpm_at > 0.1:  # the sampler's GPM pairs > 100 ms apart
-            gpm_metrics(nvml, handle, gpm, request)
-            gpm_at = time.time()
+        bare.poll(*cadence.poll())
     per_poll = (time.process_time() - start) / reads if reads else None
-    return per_poll, len(calls) + (1 if has_samples else 0) + (1 if has_rates else 0)  # by cadence aside
+    return per_poll, bare.per_poll()
 
 
 def call_costs(gpu: GpuInfo, rounds: int, interval_s: float) -> dict[str, tuple[float, float] | None]:
     """Each NVML call a poll makes, timed alone: where a poll's CPU goes on this driver."""
+    from bench.bare import gpm_metrics, gpm_pair, gpm_request
+
     nvml, handle = gpu.nvml, gpu.handle
     calls: dict[str, Callable[[], object]] = {
         "GetSamples(gpu)": lambda: nvml.nvmlDeviceGetSamples(handle, 1, 0),
@@ -1067,46 +1014,6 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-def supported(nvml: Any, call: Callable[[], object]) -> bool:
-    try:
-        call()
-    except (nvml.NVMLError, nvml.NVMLLibraryMismatchError, AttributeError):
-        return False
-    return True
-
-
-GPM_METRIC_IDS = (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61)
-
-
-def gpm_pair(nvml: Any, handle: Any) -> list[Any] | None:
-    try:
-        if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
-            return None
-        pair = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
-        nvml.nvmlGpmSampleGet(handle, pair[0])
-    except (nvml.NVMLError, AttributeError):
-        return None
-    return pair
-
-
-def gpm_request(nvml: Any) -> Any:
-    """The metrics request, made once as the sampler makes it: each read only fills it."""
-    request = nvml.c_nvmlGpmMetricsGet_t()
-    request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(GPM_METRIC_IDS)
-    for slot, metric_id in zip(request.metrics, GPM_METRIC_IDS, strict=False):
-        slot.metricId = metric_id
-    return request
-
-
-def gpm_metrics(nvml: Any, handle: Any, pair: list[Any], request: Any) -> None:
-    first, second = pair
-    nvml.nvmlGpmSampleGet(handle, second)
-    request.sample1, request.sample2 = first, second
-    nvml.nvmlGpmMetricsGet(request)
-    pair.reverse()
 
 
 # --- the workload: PyTorch on the GPU --------------------------------------------------------

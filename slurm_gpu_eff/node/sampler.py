@@ -45,9 +45,10 @@ VERIFY_EVERY_S = 10.0  # wall seconds between looks at the node's other GPUs and
 # on it). Polls interval_s apart, in the driver clock's seconds.
 GAP_POLLS, GAP_MIN_S = 5, 30.0
 LINK_EVERY_POLLS = 10  # polls between looks at the GPUs' PCIe link speed (Gpu.read_pcie)
-# Wall seconds between reads of the energy counter. On a Hopper GPU the read costs 3-3.5 ms
-# of CPU (a third of a poll's NVML calls; docs/metrics.md), and a counter loses nothing
-# between reads: the job's energy is its difference. Read too at each poll before a
+# Seconds (the driver's clock, as the memory samples' below) between reads of the energy
+# counter. On a Hopper GPU the read costs 3-3.5 ms of CPU (a third of a poll's NVML calls;
+# docs/metrics.md), and a counter loses nothing between reads: the job's energy is its
+# difference. Read too at each poll before a
 # checkpoint or a scheduled live copy, and at the final reading, so their energy ends with
 # their window (a copy the idle policy's level sends at once may lag up to this).
 ENERGY_EVERY_S = 10.0
@@ -116,7 +117,7 @@ class Sampler:
         mono = self.monotonic()
         energy_counter = full or mono >= self._next_energy
         if energy_counter:
-            self._next_energy = mono + ENERGY_EVERY_S
+            self._next_energy = mono + ENERGY_EVERY_S / self.time_scale
         mem_samples = full or mono >= self._next_mem
         if mem_samples:  # in the driver's seconds, as its buffer holds them
             self._next_mem = mono + MEM_SAMPLES_EVERY_S / self.time_scale
