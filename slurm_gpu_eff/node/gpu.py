@@ -172,7 +172,7 @@ class Gpu:
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
         "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
-        "mismatches", "rate_stood", "util_resumed_us", "util_seen_at",
+        "mismatches", "rate_stood", "single_gaps", "util_resumed_us", "util_seen_at",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -232,6 +232,7 @@ class Gpu:
         self.util_resumed_us = 0  # the GPU samples' first after their last pause (the driver's clock)
         # A rate stood for a poll since the last sample of each kind was read (_utilisation)
         self.rate_stood = {GPU_UTILIZATION_SAMPLES: False, MEMORY_UTILIZATION_SAMPLES: False}
+        self.single_gaps: list[int] = []  # _learn_period
         # The job's samples are the driver's after its newest at binding, told apart by the
         # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
         # where binding could not tell: the first poll's call decides (_baseline).
@@ -517,7 +518,7 @@ class Gpu:
             if exc.value == NVML_SUCCESS:  # none new
                 return self._none_newer(kind, last)
             self._note("nvmlDeviceGetSamples", exc)
-            return []
+            return None  # not read: no evidence that nothing is new (the rate, if any, stands in)
         # The header promises no order: sort by the driver's timestamp.
         # Fields read past pynvml's per-access hook (_field): a dozen samples a second
         found = sorted((int(_field(s, "timeStamp")), float(_field(s, "sampleValue").uiVal)) for s in samples)
@@ -534,6 +535,8 @@ class Gpu:
         if self.rate_stood[kind]:
             self.rate_stood[kind] = False
             first_gap = min(first_gap, round(self.driver_period_s * 1e6))
+        elif len(found) == 1 and kind == GPU_UTILIZATION_SAMPLES and last:
+            self._learn_period(first_gap)  # polled faster than the driver: a sample a read
         period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)], first_gap)
         if len(found) > 1:
             self.driver_period_s = period / 1e6
@@ -556,6 +559,17 @@ class Gpu:
         if kind == GPU_UTILIZATION_SAMPLES:
             self.util_seen_at = now
         return out
+
+    def _learn_period(self, gap_us: int) -> None:
+        """The driver's period from the gaps between samples read one at a time (the
+        median of the last five, as a batch's median): what caps a lone sample after a
+        pause, and bounds the open window, where no batch ever shows it."""
+        gaps = self.single_gaps
+        gaps.append(gap_us)
+        if len(gaps) > 5:
+            del gaps[0]
+        if len(gaps) >= 3:
+            self.driver_period_s = sorted(gaps)[len(gaps) // 2] / 1e6
 
     def _dropped(self, found: list[tuple[int, float]], last: int, period: float) -> None:
         """Memory samples the driver dropped between two reads at the sampler's cadence (its

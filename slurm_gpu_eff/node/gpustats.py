@@ -40,9 +40,9 @@ class GpuStats:
         self.job_id = job_id
         self.sluid = sluid  # Slurm 26.05: job_of_pid() names the job's processes by it on v2
         self._stats: defaultdict[str, Stat] = defaultdict(Stat)  # made on first use, in C
-        # (reading, seconds, the poll's util, its place in the window, own (memory, util)):
-        # the polls not added to the figures yet
-        self.pending: list[tuple[Reading, float, float | None, float, Any]] = []
+        # (reading, seconds, the poll's util, its place in the window, own (memory, util),
+        # the waiting polls' seconds it closes): the polls not added to the figures yet
+        self.pending: list[tuple[Reading, float, float | None, float, Any, float]] = []
         self.util_source: str | None = None
         self.histogram = Histogram()
         self.timeline = Timeline()
@@ -115,24 +115,28 @@ class GpuStats:
         own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
         if pids is not None and (pids != self.settled_pids or process_sm is not None):
             own = self._add_sharing(pids, process_sm, seconds)
+        # seconds of polls inside the driver's open window (util_later) that this poll's
+        # rate, if the window closes on one, stands for too (a sample covers them itself)
+        owed = 0.0 if gap or reading.util_later else self.idle_owed_s
         place = self._add_idle(reading.time, seconds, util, gap, reading.util_later)
         pending = self.pending
-        pending.append((reading, seconds, util, place, own))
+        pending.append((reading, seconds, util, place, own, owed))
         if len(pending) >= FLUSH_POLLS:
             self.flush()
 
     def flush(self) -> None:
         """The pending polls' readings into the accumulators, oldest first."""
         pending = self.pending
-        for reading, seconds, util, place, own in pending:
-            self._accumulate(reading, seconds, util, place, own)
+        for reading, seconds, util, place, own, owed in pending:
+            self._accumulate(reading, seconds, util, place, own, owed)
         pending.clear()
 
     def _accumulate(self, reading: Reading, seconds: float, util: float | None, place: float,
-                    own: tuple[int | None, float | None] | None) -> None:
+                    own: tuple[int | None, float | None] | None, owed: float = 0.0) -> None:
         """One poll's reading into the figures, as add() left it: `util` the poll's (the
         driver samples' mean, where there were any), `place` where in the window it lies,
-        `own` the job's own memory and SM share on a shared GPU (None: no look this poll)."""
+        `own` the job's own memory and SM share on a shared GPU (None: no look this poll),
+        `owed` the seconds of the polls before it that waited for the driver's sample."""
         stats = self._stats
         samples = reading.util_samples
         if samples:  # lossless driver samples where there are any, else the poll's rate
@@ -140,8 +144,9 @@ class GpuStats:
         elif util is not None:
             if samples is None and self.util_source is None:  # not supported
                 self.util_source = "rates"
-            stats["util"].add(util, seconds)
-            self.histogram.add(util, seconds)
+            # the window closed on the rate: it stands for the polls that waited too
+            stats["util"].add(util, seconds + owed)
+            self.histogram.add(util, seconds + owed)
         samples = reading.mem_util_samples
         if samples:
             self._series("mem_util", samples, None)

@@ -152,7 +152,8 @@ class Sampler:
         self.polls += 1
         if self.polls % LINK_EVERY_POLLS == 0:  # a link idle at binding runs faster under load
             for stats, reading in readings:
-                stats.gpu.read_pcie(reading.util)
+                if not reading.util_later:  # (no figure yet is no sign of load)
+                    stats.gpu.read_pcie(reading.util)
         self._record_xids(now)
         # Did the job use any GPU at all? (verify.py) The node's GPUs are listed only while
         # a look can still tell: not once settled, nor after a partial look.

@@ -29,7 +29,8 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     made: collections.Counter[str] = collections.Counter()
     for name in POLL_CALLS:
         real = getattr(pynvml, name)
-        monkeypatch.setattr(pynvml, name, lambda *a, _real=real, _name=name: made.update([_name]) or _real(*a))
+        monkeypatch.setattr(pynvml, name,
+                            lambda *a, _real=real, _name=name: made.update([_name]) or _real(*a))
     samples = pynvml.nvmlDeviceGetSamples
 
     def sampled(handle: Any, kind: int, since: int) -> Any:
