@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurm_gpu_eff.node.gpu import DRIVER_PERIOD_S, GPM_MIN_INTERVAL_S
+from slurm_gpu_eff.node.gpu import DRIVER_PERIOD_S, GPM_METRICS, GPM_MIN_INTERVAL_S
 from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
 
 GPU_SAMPLES, MEMORY_SAMPLES = 1, 2  # NVML_GPU_UTILIZATION_SAMPLES, NVML_MEMORY_UTILIZATION_SAMPLES
-GPM_METRIC_IDS = (2, 3, 5, 10, 11, 12, 13, 20, 21, 60, 61)  # the sampler's (node/gpu.py)
 
 
 class Cadence:
@@ -52,8 +51,8 @@ def gpm_request(nvml: Any) -> Any:
     """The metrics request, made once as the sampler makes it: each read only fills it."""
     request = nvml.c_nvmlGpmMetricsGet_t()
     request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(GPM_METRIC_IDS)
-    for slot, metric_id in zip(request.metrics, GPM_METRIC_IDS, strict=False):
+    request.numMetrics = len(GPM_METRICS)  # the sampler's metrics
+    for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
         slot.metricId = metric_id
     return request
 

@@ -13,7 +13,7 @@ import pytest
 
 from slurm_gpu_eff.node.gpustats import GpuStats
 
-from .conftest import BOOT
+from .conftest import BOOT, driver_fills_nothing
 
 
 def cycles(n: int = 4) -> dict[str, Any]:
@@ -23,19 +23,6 @@ def cycles(n: int = 4) -> dict[str, Any]:
         phases += [{"seconds": 5, "gpus": {"*": {"util": 80, "mem_util": 40}}},
                    {"seconds": 10, "gpus": {"*": {"util": 0, "mem_util": 0}}}]
     return {"phases": phases}
-
-
-def fills_nothing_while_idle(monkeypatch: pytest.MonkeyPatch, idle: Any) -> None:
-    real = pynvml.nvmlDeviceGetSamples
-
-    def filtered(handle: Any, kind: int, since: int) -> Any:
-        value_type, found = real(handle, kind, since)
-        kept = [sample for sample in found if not idle(sample.timeStamp / 1e6)]
-        if not kept:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return value_type, kept
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", filtered)
 
 
 def poll(sim_node: Any, gpu: Any, times: list[float]) -> GpuStats:
@@ -64,7 +51,7 @@ def test_a_driver_that_stops_filling_while_idle_keeps_its_idle_time(
         into = round((t - BOOT - 1000.0) % 15, 6)
         return t > BOOT + 1000.0 and (into > 5 or into == 0)
 
-    fills_nothing_while_idle(monkeypatch, idle)
+    driver_fills_nothing(monkeypatch, idle)
     (gpu,) = sim_node.session().bind([minor])
     start = BOOT + 1000.0 + step / 2
     stats = poll(sim_node, gpu, [start + k * step for k in range(round(60 / step))])
@@ -125,7 +112,7 @@ def test_a_lone_sample_after_a_pause_counts_for_one_learnt_period(
     def paused(t: float) -> bool:
         return BOOT + 1003.0 < t <= BOOT + 1007.0 or t > BOOT + 1007.5
 
-    fills_nothing_while_idle(monkeypatch, paused)
+    driver_fills_nothing(monkeypatch, paused)
     (gpu,) = sim_node.session().bind([0])
     lone, learnt = [], []
     for k in range(1, 81):

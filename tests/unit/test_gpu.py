@@ -13,7 +13,7 @@ from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import BindingError, GpuAccessError, GpuLost
 from slurm_gpu_eff.node.gpu import GpuSession, load_nvml
 
-from .conftest import SIM_DEVICES
+from .conftest import SIM_DEVICES, driver_fills_nothing
 
 GIB = 1024**3
 BOOT = 1_700_000_000.0
@@ -278,21 +278,6 @@ def test_a_buffer_shorter_than_the_cadence_is_read_every_poll(
         assert len(short.read(mem_samples=False).mem_util_samples or []) == 2  # every poll now
         assert long.read(mem_samples=False).mem_util_samples is None
     assert reads == [0, 0, 0]
-
-
-def driver_fills_nothing(monkeypatch: pytest.MonkeyPatch, when: Any) -> None:
-    """A driver that keeps no sample of either kind for windows ending `when(seconds)`: one
-    that stops filling its buffer while the GPU idles, or has none yet at binding."""
-    real = pynvml.nvmlDeviceGetSamples
-
-    def filtered(handle: Any, kind: int, since: int) -> Any:
-        value_type, found = real(handle, kind, since)
-        kept = [sample for sample in found if not when(sample.timeStamp / 1e6)]
-        if not kept:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return value_type, kept
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", filtered)
 
 
 @pytest.mark.parametrize(("when", "first_poll_s"), [
