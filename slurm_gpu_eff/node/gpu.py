@@ -240,9 +240,10 @@ class Gpu:
             kind: self._newest_sample_us(kind)
             for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
         }
-        # When (our clock) the newest GPU sample was read; at binding, the driver's newest
-        # then, if it had any: its window is open (Reading.util_later) for 1.5 periods
-        self.util_seen_at = self.bound_at if self.last_sample_us[GPU_UTILIZATION_SAMPLES] else 0.0
+        # When the newest GPU sample was read, on the monotonic clock (in the driver's
+        # seconds: a step of the wall clock moves no window); at binding, the driver's
+        # newest then, if it had any: its window is open (Reading.util_later) 1.5 periods
+        self.util_seen_at = self.steady() if self.last_sample_us[GPU_UTILIZATION_SAMPLES] else 0.0
         self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
         self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
@@ -557,7 +558,7 @@ class Gpu:
             last = stamp
         self.last_sample_us[kind] = last
         if kind == GPU_UTILIZATION_SAMPLES:
-            self.util_seen_at = now
+            self.util_seen_at = self.steady()
         return out
 
     def _learn_period(self, gap_us: int) -> None:
@@ -690,7 +691,7 @@ class Gpu:
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES, now)
         util: float | None
         mem_util: float | None
-        later = util_samples == [] and not final and self._window_open(now)
+        later = util_samples == [] and not final and self._window_open()
         if later:
             # Polled faster than the driver's period: the sample that closes its window
             # covers back to the last one, this poll's time included. No rate stands in:
@@ -720,14 +721,15 @@ class Gpu:
         self.listed = pids  # a whole read: this poll's list, for the look at the node
         return reading
 
-    def _window_open(self, now: float) -> bool:
-        """Whether the driver's sample window after the last GPU sample is still open at
-        `now`: at most 1.5 periods after the poll that read that sample (a sample that
-        late covers back to the last one: _samples). Past that (a driver that stops
-        filling its buffer while the GPU idles), or with no sample in the buffer yet, the
-        rate stands in."""
-        seen = self.util_seen_at  # our clock, not the driver's timestamps: any driver's
-        return seen > 0 and 0 <= now - seen <= 1.5 * self.driver_period_s
+    def _window_open(self) -> bool:
+        """Whether the driver's sample window after the last GPU sample is still open:
+        at most 1.5 periods after the poll that read that sample (a sample that late
+        covers back to the last one: _samples). Past that (a driver that stops filling
+        its buffer while the GPU idles), or with no sample in the buffer yet, the rate
+        stands in. Our monotonic clock, not the driver's timestamps: any driver's, and
+        no step of the wall clock opens or closes a window."""
+        seen = self.util_seen_at
+        return seen > 0 and self.steady() - seen <= 1.5 * self.driver_period_s
 
     def _utilisation(self, util_samples: list[tuple[float, float]] | None,
                      mem_samples: list[tuple[float, float]] | None) -> tuple[float | None, float | None]:

@@ -124,3 +124,33 @@ def test_a_lone_sample_after_a_pause_counts_for_one_learnt_period(
             lone += reading.util_samples
     assert learnt == [pytest.approx(0.5)]
     assert lone == [(80.0, pytest.approx(0.5))]
+
+
+def test_a_step_of_the_wall_clock_opens_or_closes_no_window(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The window is judged on the monotonic clock: the wall clock stepped back 0.7 s
+    (NTP) in the middle of polls faster than the driver neither makes the rate stand in
+    (time counted twice) nor loses a poll's time (found in review: on the wall clock, 19.4 s
+    of utilisation for 20 s polled)."""
+    sim_node.write_state(0, {"phases": [{"seconds": 1000, "gpus": {"*": {"util": 80}}}]},
+                         started_at=BOOT + 990.0)
+    steady = [500.0]
+    step = [0.0]
+    session = sim_node.session()
+    session.steady = lambda: steady[0]
+    session.clock = lambda: sim_node.now - step[0]
+    (gpu,) = session.bind([0])  # 0.5 s windows
+    rates: list[int] = []
+    real = pynvml.nvmlDeviceGetUtilizationRates
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda h: rates.append(1) or real(h))
+    stats = GpuStats(gpu)
+    for k in range(1, 201):
+        sim_node.now += 0.1
+        steady[0] += 0.1
+        if k == 100:
+            step[0] = 0.7
+        stats.add(gpu.read(mem_samples=False, final=k == 200), 0.1)
+    stats.flush()
+    assert rates in ([], [1])  # the final reading's, at most
+    assert stats.stat("util").seconds == pytest.approx(20.0, abs=0.5)
