@@ -4,8 +4,7 @@ over the stand-in (bench/run.py, four GPUs) and on a real GPU (scripts/gpu_check
 One poll of one GPU makes the calls a poll of slurm_gpu_eff's sampler makes between
 summaries (node/gpu.py, Gpu.read), on the same cadences, and nothing else: the GPU
 samples every poll; the memory samples every MEM_SAMPLES_EVERY_S of the driver's clock
-and at a poll that finds no new GPU sample once the driver's window has closed, where the
-rate stands in too (none while it is open: the next sample covers that poll); the energy
+and at a poll that finds no new GPU sample, where the rate stands in too; the energy
 counter every ENERGY_EVERY_S; GPM pairs more than GPM_MIN_INTERVAL_S apart; the rest each
 poll. A change to what the sampler calls belongs here too, once for both baselines.
 """
@@ -16,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurm_gpu_eff.node.gpu import DRIVER_PERIOD_S, GPM_METRICS, GPM_MIN_INTERVAL_S
+from slurm_gpu_eff.node.gpu import GPM_METRICS, GPM_MIN_INTERVAL_S
 from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
 
 GPU_SAMPLES, MEMORY_SAMPLES = 1, 2  # NVML_GPU_UTILIZATION_SAMPLES, NVML_MEMORY_UTILIZATION_SAMPLES
@@ -34,8 +33,8 @@ class Cadence:
     def now(self) -> float:
         return self.monotonic() * self.scale
 
-    def poll(self) -> tuple[float, bool, bool, bool]:
-        """(now, energy counter, memory samples, GPM) for this poll."""
+    def poll(self) -> tuple[bool, bool, bool]:
+        """(energy counter, memory samples, GPM) for this poll."""
         now = self.now()
         energy, mem, gpm = now >= self.energy_at, now >= self.mem_at, now - self.gpm_at > GPM_MIN_INTERVAL_S
         if energy:
@@ -44,7 +43,7 @@ class Cadence:
             self.mem_at = now + MEM_SAMPLES_EVERY_S
         if gpm:
             self.gpm_at = now
-        return now, energy, mem, gpm
+        return energy, mem, gpm
 
 
 def gpm_request(nvml: Any) -> Any:
@@ -88,7 +87,7 @@ def supported(nvml: Any, call: Callable[[], object]) -> bool:
 class BareGpu:
     """One GPU's calls, those it refuses left out (as the sampler stops making them)."""
 
-    def __init__(self, nvml: Any, handle: Any, now: float) -> None:
+    def __init__(self, nvml: Any, handle: Any) -> None:
         self.nvml, self.handle = nvml, handle
         calls: list[Callable[[], object]] = [
             lambda: nvml.nvmlDeviceGetMemoryInfo(handle, nvml.nvmlMemory_v2),
@@ -102,17 +101,15 @@ class BareGpu:
         self.calls = [call for call in calls if supported(nvml, call)]
         self.energy = supported(nvml, lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
         self.rates = supported(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
-        # the newest sample of each kind (as the sampler passes it), and when (the
-        # cadence's clock) the newest GPU sample was read; the driver's period from them
+        # the newest sample of each kind, as the sampler passes it
         self.last = {GPU_SAMPLES: 0, MEMORY_SAMPLES: 0}
-        self.seen_at, self.period_s = 0.0, DRIVER_PERIOD_S
-        # from the driver's newest on, as the sampler binds (`now`: the cadence's clock)
-        self.samples = all(supported(nvml, lambda k=kind: self.read_samples(k, now))
+        # from the driver's newest on, as the sampler binds
+        self.samples = all(supported(nvml, lambda k=kind: self.read_samples(k))
                            for kind in (GPU_SAMPLES, MEMORY_SAMPLES))
         self.gpm = gpm_pair(nvml, handle)
         self.request = gpm_request(nvml) if self.gpm is not None else None
 
-    def read_samples(self, kind: int, now: float) -> int:
+    def read_samples(self, kind: int) -> int:
         """The driver's samples of `kind` newer than the last read: how many."""
         nvml = self.nvml
         try:
@@ -123,30 +120,22 @@ class BareGpu:
             if exc.value != 0:  # pynvml raises NVMLError(SUCCESS) when there is none new
                 raise
             return 0
-        stamps = sorted(int(sample.timeStamp) for sample in found)
+        stamps = [int(sample.timeStamp) for sample in found]
         if stamps:
-            self.last[kind] = max(self.last[kind], stamps[-1])
-            if kind == GPU_SAMPLES:
-                self.seen_at = now
-                if len(stamps) > 1:
-                    gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
-                    self.period_s = gaps[len(gaps) // 2] / 1e6
+            self.last[kind] = max(self.last[kind], *stamps)
         return len(stamps)
 
     def per_poll(self) -> int:
         """Calls every poll makes, the energy counter and the memory samples aside."""
         return len(self.calls) + (1 if self.samples else 0) + (1 if self.rates else 0)
 
-    def poll(self, now: float, energy: bool, mem: bool, gpm: bool) -> None:
+    def poll(self, energy: bool, mem: bool, gpm: bool) -> None:
         nvml, handle = self.nvml, self.handle
-        new = self.samples and self.read_samples(GPU_SAMPLES, now)
-        # no new GPU sample: the driver's window still open (the next sample covers this
-        # poll), or closed, where the rate stands in and the memory samples are read
-        waits = not new and self.seen_at > 0 and 0 <= now - self.seen_at <= 1.5 * self.period_s
-        closed = not new and not waits
-        if self.samples and (mem or closed):
-            self.read_samples(MEMORY_SAMPLES, now)
-        if closed and self.rates:
+        new = self.samples and self.read_samples(GPU_SAMPLES)
+        # no new GPU sample: the rate stands in, and the memory samples are read
+        if self.samples and (mem or not new):
+            self.read_samples(MEMORY_SAMPLES)
+        if not new and self.rates:
             nvml.nvmlDeviceGetUtilizationRates(handle)
         for call in self.calls:
             call()

@@ -342,20 +342,20 @@ def bare_reads_cpu(env: dict[str, str], reads: int, interval: float) -> float:
     nvml = load_nvml(config)
     nvml.nvmlInit()
     cadence = Cadence(config.sim_time_scale)  # the driver's seconds, as the sampler's
-    gpus = [BareGpu(nvml, nvml.nvmlDeviceGetHandleByIndex(i), cadence.now()) for i in range(GPUS)]
+    gpus = [BareGpu(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(GPUS)]
     events = nvml.nvmlEventSetCreate()
     for gpu in gpus:
         nvml.nvmlDeviceRegisterEvents(gpu.handle, nvml.nvmlEventTypeXidCriticalError, events)
     start = time.process_time()
     for _ in range(reads // GPUS):
         time.sleep(interval)
-        now, energy, mem, gpm = cadence.poll()
+        energy, mem, gpm = cadence.poll()
         try:  # once a poll, for all GPUs: XID events
             nvml.nvmlEventSetWait_v2(events, 0)
         except nvml.NVMLError_Timeout:
             pass
         for gpu in gpus:
-            gpu.poll(now, energy, mem, gpm)
+            gpu.poll(energy, mem, gpm)
     return (time.process_time() - start) / reads
 
 

@@ -356,8 +356,7 @@ def cpu_line(cpu: CpuFigure) -> str:
         f"{'ok' if result.ok else 'OFF'}\n"
         f"  ({cpu.samples} samples at {CPU_INTERVAL_S * 1000:g} ms, less a sampler stopped after its "
         f"first reading; bare (bench/bare.py): {cpu.calls} calls a poll, the energy counter every "
-        f"{ENERGY_EVERY_S:g} s and the memory samples every {MEM_SAMPLES_EVERY_S:g} s, no rate "
-        f"while the driver's window is open, in-process)"
+        f"{ENERGY_EVERY_S:g} s and the memory samples every {MEM_SAMPLES_EVERY_S:g} s, in-process)"
     ) + call_lines(cpu.call_ms)
 
 
@@ -960,7 +959,7 @@ def bare_reads_cpu(gpu: GpuInfo, reads: int, interval_s: float) -> tuple[float |
     from bench.bare import BareGpu, Cadence
 
     cadence = Cadence()
-    bare = BareGpu(gpu.nvml, gpu.handle, cadence.now())
+    bare = BareGpu(gpu.nvml, gpu.handle)
     start = time.process_time()
     for _ in range(reads):
         time.sleep(interval_s)  # the driver's buffer fills as between the sampler's polls

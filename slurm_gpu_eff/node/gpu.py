@@ -138,9 +138,6 @@ class Reading:
     # pid -> SM utilisation of the driver's last sample period (about 1/6 s) before this
     # poll, for the processes busy in it: a sample per poll, not a mean since the last one.
     process_sm: dict[int, float] | None = None
-    # Polled within the driver's open sample window (faster than its period): no GPU
-    # figure yet; the sample that closes the window will stand for this poll's time.
-    util_later: bool = False
 
     @property
     def processes(self) -> int | None:
@@ -153,8 +150,7 @@ class Reading:
                 and self.pids is None and not self.gpm and not self.util_samples
                 and self.mem_util is None and self.energy_mj is None and self.temp_c is None
                 and self.sm_clock_mhz is None and self.throttle_mask is None
-                and self.ecc_uncorrected is None and self.process_sm is None
-                and not self.util_later)
+                and self.ecc_uncorrected is None and self.process_sm is None)
 
 
 def _text(value: Any) -> str:
@@ -172,7 +168,7 @@ class Gpu:
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
         "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
-        "mismatches", "rate_stood", "single_gaps", "util_resumed_us", "util_seen_at",
+        "mismatches", "util_resumed_us",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -230,9 +226,6 @@ class Gpu:
         # found some dropped (the buffer held less than the cadence's worth)
         self.mem_every_poll = False
         self.util_resumed_us = 0  # the GPU samples' first after their last pause (the driver's clock)
-        # A rate stood for a poll since the last sample of each kind was read (_utilisation)
-        self.rate_stood = {GPU_UTILIZATION_SAMPLES: False, MEMORY_UTILIZATION_SAMPLES: False}
-        self.single_gaps: list[int] = []  # _learn_period
         # The job's samples are the driver's after its newest at binding, told apart by the
         # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
         # where binding could not tell: the first poll's call decides (_baseline).
@@ -240,10 +233,6 @@ class Gpu:
             kind: self._newest_sample_us(kind)
             for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
         }
-        # When the newest GPU sample was read, on the monotonic clock (in the driver's
-        # seconds: a step of the wall clock moves no window); at binding, the driver's
-        # newest then, if it had any: its window is open (Reading.util_later) 1.5 periods
-        self.util_seen_at = self.steady() if self.last_sample_us[GPU_UTILIZATION_SAMPLES] else 0.0
         self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
         self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
@@ -519,7 +508,7 @@ class Gpu:
             if exc.value == NVML_SUCCESS:  # none new
                 return self._none_newer(kind, last)
             self._note("nvmlDeviceGetSamples", exc)
-            return None  # not read: no evidence that nothing is new (the rate, if any, stands in)
+            return []
         # The header promises no order: sort by the driver's timestamp.
         # Fields read past pynvml's per-access hook (_field): a dozen samples a second
         found = sorted((int(_field(s, "timeStamp")), float(_field(s, "sampleValue").uiVal)) for s in samples)
@@ -529,16 +518,8 @@ class Gpu:
         if not found:
             self.last_sample_us[kind] = last
             return []
-        # One sample alone has no gap of its own to judge by: its own stands, unless a rate
-        # stood for some of that time (a driver that paused): then the period learnt before
-        # caps it, so that the sample is not stretched over time the rate counted.
-        first_gap = found[0][0] - last
-        if self.rate_stood[kind]:
-            self.rate_stood[kind] = False
-            first_gap = min(first_gap, round(self.driver_period_s * 1e6))
-        elif len(found) == 1 and kind == GPU_UTILIZATION_SAMPLES and last:
-            self._learn_period(first_gap)  # polled faster than the driver: a sample a read
-        period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)], first_gap)
+        period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)],
+                         found[0][0] - last)
         if len(found) > 1:
             self.driver_period_s = period / 1e6
         if kind == MEMORY_UTILIZATION_SAMPLES:
@@ -557,20 +538,7 @@ class Gpu:
                     self.util_resumed_us = stamp  # the GPU samples paused till here
             last = stamp
         self.last_sample_us[kind] = last
-        if kind == GPU_UTILIZATION_SAMPLES:
-            self.util_seen_at = self.steady()
         return out
-
-    def _learn_period(self, gap_us: int) -> None:
-        """The driver's period from the gaps between samples read one at a time (the
-        median of the last five, as a batch's median): what caps a lone sample after a
-        pause, and bounds the open window, where no batch ever shows it."""
-        gaps = self.single_gaps
-        gaps.append(gap_us)
-        if len(gaps) > 5:
-            del gaps[0]
-        if len(gaps) >= 3:
-            self.driver_period_s = sorted(gaps)[len(gaps) // 2] / 1e6
 
     def _dropped(self, found: list[tuple[int, float]], last: int, period: float) -> None:
         """Memory samples the driver dropped between two reads at the sampler's cadence (its
@@ -663,13 +631,12 @@ class Gpu:
             return [] if exc.value == NVML_SUCCESS else None
 
     def read(self, per_process: bool = False, energy_counter: bool = True,
-             mem_samples: bool = True, final: bool = False) -> Reading:
+             mem_samples: bool = True) -> Reading:
         """One poll; `per_process` also reads each process's SM utilisation (a shared GPU);
         `energy_counter` False leaves the energy counter out (energy_mj None); `mem_samples`
         False leaves the memory-utilisation samples in the driver's buffer for a later poll
         (mem_util None), where the GPU samples came (the buffer is being filled) and the
-        GPU has not dropped any at that cadence. `final`: no poll follows (the job's end),
-        so that no sample will close the driver's open window: the rate stands in."""
+        GPU has not dropped any at that cadence."""
         # Once a GPU a poll: the Reading is built from positional arguments (its fields'
         # order), cheaper than by keyword.
         now = self.clock()
@@ -691,15 +658,7 @@ class Gpu:
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES, now)
         util: float | None
         mem_util: float | None
-        later = util_samples == [] and not final and self._window_open()
-        if later:
-            # Polled faster than the driver's period: the sample that closes its window
-            # covers back to the last one, this poll's time included. No rate stands in:
-            # it repeats the last window's value, for time that sample will count again.
-            mem = (self._samples(MEMORY_UTILIZATION_SAMPLES, now)
-                   if mem_samples or self.mem_every_poll else None)
-            util, mem_util = None, mem[-1][0] if mem else None
-        elif util_samples and not mem_samples and not self.mem_every_poll:
+        if util_samples and not mem_samples and not self.mem_every_poll:
             # Left in the buffer: the next read takes them, each for its own window. No rate
             # stands in for this poll (the samples will cover its time).
             util, mem_util, mem = util_samples[-1][0], None, None
@@ -716,20 +675,9 @@ class Gpu:
             throttle, ecc,  # throttle_mask, ecc_uncorrected
             pids,
             self._process_sm() if per_process else None,  # process_sm
-            later,  # util_later
         )
         self.listed = pids  # a whole read: this poll's list, for the look at the node
         return reading
-
-    def _window_open(self) -> bool:
-        """Whether the driver's sample window after the last GPU sample is still open:
-        at most 1.5 periods after the poll that read that sample (a sample that late
-        covers back to the last one: _samples). Past that (a driver that stops filling
-        its buffer while the GPU idles), or with no sample in the buffer yet, the rate
-        stands in. Our monotonic clock, not the driver's timestamps: any driver's, and
-        no step of the wall clock opens or closes a window."""
-        seen = self.util_seen_at
-        return seen > 0 and self.steady() - seen <= 1.5 * self.driver_period_s
 
     def _utilisation(self, util_samples: list[tuple[float, float]] | None,
                      mem_samples: list[tuple[float, float]] | None) -> tuple[float | None, float | None]:
@@ -745,10 +693,6 @@ class Gpu:
             util = mem_util = None
             if rates is not None:
                 util, mem_util = float(_field(rates, "gpu")), float(_field(rates, "memory"))
-                # the rate stood for this poll's time: the next sample of a kind is not
-                # stretched over it
-                self.rate_stood[GPU_UTILIZATION_SAMPLES] = True
-                self.rate_stood[MEMORY_UTILIZATION_SAMPLES] = not mem_samples
             if mem_samples:
                 mem_util = mem_samples[-1][0]
         return util, mem_util

@@ -29,10 +29,9 @@ class GpuStats:
     __slots__ = (
         "ecc_first", "ecc_last", "elapsed", "energy_counted", "energy_counter_j", "energy_last_mj",
         "errors", "first_at", "gpu", "histogram", "idle_from", "idle_from_s", "idle_longest",
-        "idle_owed_s", "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "pending",
-        "power_energy_j", "processes_max", "samples", "seconds", "settled_pids", "shared_s",
-        "shared_with", "sluid", "_stats", "throttle_observed_s", "throttle_s", "timeline",
-        "util_source", "xid_events",
+        "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "pending", "power_energy_j",
+        "processes_max", "samples", "seconds", "settled_pids", "shared_s", "shared_with", "sluid", "_stats",
+        "throttle_observed_s", "throttle_s", "timeline", "util_source", "xid_events",
     )
 
     def __init__(self, gpu: Gpu, job_id: str = "", sluid: str = "") -> None:
@@ -40,9 +39,9 @@ class GpuStats:
         self.job_id = job_id
         self.sluid = sluid  # Slurm 26.05: job_of_pid() names the job's processes by it on v2
         self._stats: defaultdict[str, Stat] = defaultdict(Stat)  # made on first use, in C
-        # (reading, seconds, the poll's util, its place in the window, own (memory, util),
-        # the waiting polls' seconds it closes): the polls not added to the figures yet
-        self.pending: list[tuple[Reading, float, float | None, float, Any, float]] = []
+        # (reading, seconds, the poll's util, its place in the window, own (memory, util)):
+        # the polls not added to the figures yet
+        self.pending: list[tuple[Reading, float, float | None, float, Any]] = []
         self.util_source: str | None = None
         self.histogram = Histogram()
         self.timeline = Timeline()
@@ -57,9 +56,6 @@ class GpuStats:
         self.idle_from_s = 0.0  # the same, as an offset in the window
         self.idle_s = 0.0  # its measured length: what the idle policy cancels on
         self.idle_longest: tuple[float, float] | None = None  # (from, seconds)
-        # Polls within the driver's open window (Reading.util_later): their time goes to
-        # the stretch, or ends it, with the sample that closes the window.
-        self.idle_owed_s = 0.0
         self.samples = 0
         self.seconds = 0.0
         # The counter at the last reading (at binding, the first): None without a counter
@@ -115,28 +111,24 @@ class GpuStats:
         own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
         if pids is not None and (pids != self.settled_pids or process_sm is not None):
             own = self._add_sharing(pids, process_sm, seconds)
-        # seconds of polls inside the driver's open window (util_later) that this poll's
-        # rate, if the window closes on one, stands for too (a sample covers them itself)
-        owed = 0.0 if gap or reading.util_later else self.idle_owed_s
-        place = self._add_idle(reading.time, seconds, util, gap, reading.util_later)
+        place = self._add_idle(reading.time, seconds, util, gap)
         pending = self.pending
-        pending.append((reading, seconds, util, place, own, owed))
+        pending.append((reading, seconds, util, place, own))
         if len(pending) >= FLUSH_POLLS:
             self.flush()
 
     def flush(self) -> None:
         """The pending polls' readings into the accumulators, oldest first."""
         pending = self.pending
-        for reading, seconds, util, place, own, owed in pending:
-            self._accumulate(reading, seconds, util, place, own, owed)
+        for reading, seconds, util, place, own in pending:
+            self._accumulate(reading, seconds, util, place, own)
         pending.clear()
 
     def _accumulate(self, reading: Reading, seconds: float, util: float | None, place: float,
-                    own: tuple[int | None, float | None] | None, owed: float = 0.0) -> None:
+                    own: tuple[int | None, float | None] | None) -> None:
         """One poll's reading into the figures, as add() left it: `util` the poll's (the
         driver samples' mean, where there were any), `place` where in the window it lies,
-        `own` the job's own memory and SM share on a shared GPU (None: no look this poll),
-        `owed` the seconds of the polls before it that waited for the driver's sample."""
+        `own` the job's own memory and SM share on a shared GPU (None: no look this poll)."""
         stats = self._stats
         samples = reading.util_samples
         if samples:  # lossless driver samples where there are any, else the poll's rate
@@ -144,9 +136,8 @@ class GpuStats:
         elif util is not None:
             if samples is None and self.util_source is None:  # not supported
                 self.util_source = "rates"
-            # the window closed on the rate: it stands for the polls that waited too
-            stats["util"].add(util, seconds + owed)
-            self.histogram.add(util, seconds + owed)
+            stats["util"].add(util, seconds)
+            self.histogram.add(util, seconds)
         samples = reading.mem_util_samples
         if samples:
             self._series("mem_util", samples, None)
@@ -200,29 +191,20 @@ class GpuStats:
         self.timeline.add(place, seconds, util, gpm.get("sm_active") if gpm else None, power,
                           None if mem is None else mem / 1024**3)
 
-    def _add_idle(self, at: float, seconds: float, util: float | None, gap: bool = False,
-                  later: bool = False) -> float:
+    def _add_idle(self, at: float, seconds: float, util: float | None, gap: bool = False) -> float:
         """The stretch is the sum of the idle polls' measured seconds, never the distance
         between two clock readings: a wall-clock step (NTP) lengthens nothing, and a poll
         whose utilisation could not be read ends the stretch (no reading is no evidence
         of idleness, and the idle policy cancels jobs on this figure). After a `gap` an
-        idle poll begins a new stretch, the unread time not in it. A poll `later` (the
-        driver's window still open) neither lengthens nor ends it: its seconds wait for
-        the poll whose sample covers them. Returns where in the window the reading lies:
-        its start on the driver's clock, plus the measured time since (the wall clock's
-        steps move no reading in the timeline)."""
+        idle poll begins a new stretch, the unread time not in it. Returns where in the
+        window the reading lies: its start on the driver's clock, plus the measured time
+        since (the wall clock's steps move no reading in the timeline)."""
         if self.first_at is None:
             self.first_at = at - seconds
         self.elapsed += seconds
         place = self.first_at + self.elapsed
         if gap:
-            self.idle_from, self.idle_s, self.idle_owed_s, seconds = None, 0.0, 0.0, 0.0
-        if later:
-            self.idle_owed_s += seconds
-            return place
-        if self.idle_owed_s:
-            seconds += self.idle_owed_s
-            self.idle_owed_s = 0.0
+            self.idle_from, self.idle_s, seconds = None, 0.0, 0.0
         if util is None or util >= Histogram.IDLE_BELOW:
             self.idle_from, self.idle_s = None, 0.0
             return place

@@ -107,13 +107,10 @@ class Sampler:
         self._next_energy = 0.0  # monotonic time the energy counter is next read by cadence
         self._next_mem = 0.0  # ... and the memory-utilisation samples
 
-    def sample_once(self, full: bool = True, final: bool = True) -> None:
+    def sample_once(self, full: bool = True) -> None:
         """One poll of every GPU. `full` False (the loop's polls between summaries): the
         energy counter and the memory-utilisation samples are read only where their
-        cadence has come round (ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S since the last read).
-        `final` False (the loop's polls): a poll within the driver's open sample window
-        leaves the GPU figure to the sample that closes it; the final reading, which no
-        sample will follow, takes the rate (Gpu.read)."""
+        cadence has come round (ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S since the last read)."""
         mono = self.monotonic()
         energy_counter = full or mono >= self._next_energy
         if energy_counter:
@@ -133,8 +130,7 @@ class Sampler:
             if stats.lost_at is not None:
                 continue
             try:
-                readings.append((stats, stats.gpu.read(bool(stats.shared_s), energy_counter, mem_samples,
-                                                       final)))
+                readings.append((stats, stats.gpu.read(bool(stats.shared_s), energy_counter, mem_samples)))
             except GpuLost as exc:
                 stats.lost_at = now
                 stats.errors.append(f"{exc}: a hardware fault, not the job's; figures up to then")
@@ -152,8 +148,7 @@ class Sampler:
         self.polls += 1
         if self.polls % LINK_EVERY_POLLS == 0:  # a link idle at binding runs faster under load
             for stats, reading in readings:
-                if not reading.util_later:  # (no figure yet is no sign of load)
-                    stats.gpu.read_pcie(reading.util)
+                stats.gpu.read_pcie(reading.util)
         self._record_xids(now)
         # Did the job use any GPU at all? (verify.py) The node's GPUs are listed only while
         # a look can still tell: not once settled, nor after a partial look.
@@ -277,7 +272,7 @@ def loop(sampler: Sampler, stopper: Stopper, job_dir: str, spool: Spool, log: Ho
         # would otherwise fall due at this tick or the next as the polls' lengths jitter.
         soon = sampler.monotonic() + sampler.wait_s / 2
         checkpoint_due, live_due = soon >= next_checkpoint, soon >= next_live
-        sampler.sample_once(checkpoint_due or live_due, final=False)
+        sampler.sample_once(checkpoint_due or live_due)
         export_live(sampler, log)
         now = sampler.monotonic()
         level = sampler.idle_level()

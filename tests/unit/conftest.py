@@ -469,20 +469,3 @@ def store_rows(url: str, query: str) -> list[tuple[Any, ...]]:
     from tests import pg
 
     return pg.rows(url, query)
-
-
-def driver_fills_nothing(monkeypatch: pytest.MonkeyPatch, when: Any) -> None:
-    """A driver that keeps no sample of either kind for windows ending `when(seconds)`: one
-    that stops filling its buffer while the GPU idles, or has none yet at binding."""
-    import pynvml
-
-    real = pynvml.nvmlDeviceGetSamples
-
-    def filtered(handle: Any, kind: int, since: int) -> Any:
-        value_type, found = real(handle, kind, since)
-        kept = [sample for sample in found if not when(sample.timeStamp / 1e6)]
-        if not kept:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return value_type, kept
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", filtered)

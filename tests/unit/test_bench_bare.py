@@ -42,7 +42,7 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
 
 
 # Steps of the driver's clock between polls: slower than its 0.5 s period (new samples each
-# poll), faster (the window open), and a pause in its samples (the window closed)
+# poll), faster (polls that find none new), and a pause in its samples
 STEPS = [1.0] * 12 + [0.125] * 20 + [1.0] * 8 + [0.25] * 10  # exact in binary: no GPM pair at 99.99 ms
 
 
@@ -80,14 +80,14 @@ def test_the_bare_poll_makes_the_sampler_s_calls_poll_for_poll(
     sampler = Sampler(JobContext(job_id="9", node="gpu1"), Config(), session.bind([0]),
                       clock=session.clock, monotonic=lambda: mono[0])
     sampler.gpus[0].shared_s = 0.0  # a GPU of the job's alone: no per-process samples
-    sampled = run(lambda: sampler.sample_once(False, final=False))
+    sampled = run(lambda: sampler.sample_once(False))
     session.close()
 
     sim_node.now, mono[0] = BOOT + 1000.0, 500.0  # bound as the sampler was
     session = sim_node.session()
     (gpu,) = session.bind([0])
     cadence = Cadence(monotonic=lambda: mono[0])
-    bare = BareGpu(pynvml, gpu.handle, cadence.now())
+    bare = BareGpu(pynvml, gpu.handle)
     made.clear()
     bared = run(lambda: bare.poll(*cadence.poll()))
     session.close()

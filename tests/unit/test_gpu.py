@@ -13,7 +13,7 @@ from slurm_gpu_eff.config import Config
 from slurm_gpu_eff.errors import BindingError, GpuAccessError, GpuLost
 from slurm_gpu_eff.node.gpu import GpuSession, load_nvml
 
-from .conftest import SIM_DEVICES, driver_fills_nothing
+from .conftest import SIM_DEVICES
 
 GIB = 1024**3
 BOOT = 1_700_000_000.0
@@ -93,55 +93,13 @@ def test_read_returns_what_the_workload_does(sim_node: Any) -> None:
     assert reading.processes == 1
 
 
-def test_no_new_driver_window_falls_back_to_the_rate(sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Some drivers stop filling the sample buffer while a GPU idles: once the window after
-    the last sample has passed (1.5 periods), the latest rate stands for the poll, so an
-    idle GPU reads 0%, not "not measured". So does the final reading (no sample follows
-    it), however soon after the last sample."""
-    profile = {"phases": [{"seconds": 1000, "gpus": {"*": {"util": 80, "mem_util": 40}}}]}
-    sim_node.write_state(0, profile, started_at=BOOT + 995.0)
+def test_no_new_driver_window_falls_back_to_the_rate(sim_node: Any) -> None:
+    """Some drivers stop filling the sample buffer while a GPU idles: the latest rate then
+    stands for the poll, so an idle GPU reads 0%, not "not measured"."""
     (gpu,) = sim_node.session().bind([0])
-    final = gpu.read(final=True)  # the same instant as the bind: no window has closed since
-    assert (final.util, final.util_samples, final.util_later) == (80.0, [], False)
-    assert final.power_w is not None
-    sim_node.now += 1.0
-    assert gpu.read().util_samples  # two 0.5 s windows: every sample read, the last at +1.0
-    driver_fills_nothing(monkeypatch, lambda t: True)
-    sim_node.now += 0.75  # within 1.5 periods of the last sample: its window may be open
-    assert gpu.read().util_later
-    sim_node.now += 0.1  # past them: a driver that stopped; the rate stands in
-    stopped = gpu.read()
-    assert (stopped.util, stopped.util_samples, stopped.util_later) == (80.0, [], False)
-
-
-def test_a_poll_inside_the_driver_s_open_window_leaves_the_figure_to_its_sample(
-    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Polled faster than the driver's period (0.5 s here), a poll that finds no new GPU
-    sample has no GPU figure (no rate: it would repeat the last window's value for time the
-    next sample counts again), reads no memory samples unless asked, and is no "empty"
-    reading; the sample that closes the window covers its time. Counted over 40 polls 0.1 s
-    apart, the samples' weights add up to the time polled, once."""
-    profile = {"phases": [{"seconds": 1000, "gpus": {"*": {"util": 80, "mem_util": 40}}}]}
-    sim_node.write_state(0, profile, started_at=BOOT + 995.0)
-    (gpu,) = sim_node.session().bind([0])
-    reads = memory_reads(monkeypatch)
-    rates: list[int] = []
-    real_rates = pynvml.nvmlDeviceGetUtilizationRates
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates",
-                        lambda handle: rates.append(1) or real_rates(handle))
-    covered, later, start = 0.0, 0, sim_node.now
-    for poll in range(1, 41):
-        sim_node.now = start + poll / 10
-        reading = gpu.read(mem_samples=False)
-        if reading.util_later:
-            later += 1
-            assert reading.util is None and reading.mem_util is None and not reading.empty
-        else:
-            assert reading.util == 80.0
-        covered += sum(weight for _, weight in reading.util_samples or [])
-    assert later == 32 and rates == [] and reads == []
-    assert covered == pytest.approx(4.0)
+    reading = gpu.read()  # the same instant as the bind: no window has closed since
+    assert (reading.util, reading.util_samples) == (0.0, [])
+    assert reading.power_w == 60.0
 
 
 def test_unsupported_metric_reads_none_not_zero(sim_node: Any) -> None:
@@ -240,8 +198,7 @@ def test_a_poll_without_new_gpu_samples_reads_the_memory_ones(
     reads = memory_reads(monkeypatch)
     sim_node.now += 3.0
     assert gpu.read(mem_samples=False).mem_util_samples is None and reads == []
-    driver_fills_nothing(monkeypatch, lambda t: t > BOOT + 1003.0)
-    sim_node.now += 1.0  # the driver stopped filling its buffer: no GPU sample is new
+    sim_node.now += 0.1  # within the same 0.5 s window: no GPU sample is new
     reading = gpu.read(mem_samples=False)
     assert reading.util_samples == [] and reading.util == 80.0  # the rate
     assert reads == [0] and reading.mem_util_samples and len(reading.mem_util_samples) == 6
@@ -278,6 +235,21 @@ def test_a_buffer_shorter_than_the_cadence_is_read_every_poll(
         assert len(short.read(mem_samples=False).mem_util_samples or []) == 2  # every poll now
         assert long.read(mem_samples=False).mem_util_samples is None
     assert reads == [0, 0, 0]
+
+
+def driver_fills_nothing(monkeypatch: pytest.MonkeyPatch, when: Any) -> None:
+    """A driver that keeps no sample of either kind for windows ending `when(seconds)`: one
+    that stops filling its buffer while the GPU idles, or has none yet at binding."""
+    real = pynvml.nvmlDeviceGetSamples
+
+    def filtered(handle: Any, kind: int, since: int) -> Any:
+        value_type, found = real(handle, kind, since)
+        kept = [sample for sample in found if not when(sample.timeStamp / 1e6)]
+        if not kept:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return value_type, kept
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", filtered)
 
 
 @pytest.mark.parametrize(("when", "first_poll_s"), [

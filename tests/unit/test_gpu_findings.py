@@ -115,7 +115,7 @@ def test_5_success_with_no_samples_means_nothing_new(sim_node: Any) -> None:
     """Before: pynvml's NVMLError(0) made per-process utilisation 'not measured' (None)."""
     devices(sim_node, quirks=["empty_success"])
     (gpu,) = sim_node.session().bind([0])  # no workload: no process busy
-    first = gpu.read(per_process=True, final=True)  # at once: the driver has nothing newer
+    first = gpu.read(per_process=True)  # at once: the driver has nothing newer
     assert first.util_samples == [] and first.util == 0.0
     sim_node.now += 2.0  # past the driver's period: no sample now means no process busy
     reading = gpu.read(per_process=True)

@@ -41,7 +41,7 @@ class FakeSampler:
     def monotonic(self) -> float:
         return self.clock.now
 
-    def sample_once(self, full: bool = True, final: bool = True) -> None:
+    def sample_once(self, full: bool = True) -> None:
         energy_counter = full or self.clock.now >= self._next  # as Sampler.sample_once
         if energy_counter:
             self._next = self.clock.now + ENERGY_EVERY_S

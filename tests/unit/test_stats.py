@@ -118,31 +118,6 @@ def test_the_longest_idle_stretch_of_a_gpu() -> None:
     assert track.idle_longest == (2.0, 3.0)  # t=3..5; t=7..12 is two stretches, 2 s and 3 s
 
 
-
-def test_polls_in_the_driver_s_open_window_wait_for_the_sample_that_closes_it() -> None:
-    """A poll faster than the driver's period (Reading.util_later) neither lengthens nor
-    ends a stretch: its seconds go with the next poll whose sample covers them, into the
-    stretch if that sample is idle, out of it with the stretch if not. After a gap they
-    are dropped with the stretch (the unread time is in no stretch)."""
-    from slurm_gpu_eff.node.sampler import GpuStats
-
-    track = GpuStats(gpu=None)  # type: ignore[arg-type]
-    later = None
-    # (util, later) four polls a second, the driver's sample every fourth: idle 4 s, then
-    # busy for one window (whose polls end the stretch only with the sample), then idle
-    polls = ([(later, True)] * 3 + [(0.0, False)]) * 4 + [(later, True)] * 3 + [(90.0, False)]
-    polls += ([(later, True)] * 3 + [(1.0, False)]) * 2
-    for t, (util, waits) in enumerate(polls, start=1):
-        track._add_idle(t / 4, 0.25, util, later=waits)
-        if t == 16:
-            assert track.idle_now() == (0.0, 4.0)  # binding's time counted in, from 0
-        if t in (17, 18, 19):
-            assert track.idle_now() == (0.0, 4.0)  # waiting: not longer, not ended
-    assert track.idle_longest == (0.0, 4.0) and track.idle_now() == (5.0, 2.0)
-    track._add_idle(7.25, 0.25, later, later=True)
-    track._add_idle(30.0, 22.75, 0.0, gap=True)  # a gap: the waiting seconds go with it
-    assert track.idle_now() == (30.0, 0.0) and track.idle_owed_s == 0.0
-
 def test_gpm_means_count_for_the_time_they_cover_not_the_poll_they_came_with() -> None:
     """NVML's GPM wants its samples over 100 ms apart, so at a short interval a GPM mean
     comes every few polls and covers all of them; at a late poll it covers more. Its
