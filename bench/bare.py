@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurm_gpu_eff.node.gpu import GPM_METRICS, GPM_MIN_INTERVAL_S
+from slurm_gpu_eff.node.gpu import GPM_MIN_INTERVAL_S, gpm_request
 from slurm_gpu_eff.node.sampler import ENERGY_EVERY_S, MEM_SAMPLES_EVERY_S
 
 GPU_SAMPLES, MEMORY_SAMPLES = 1, 2  # NVML_GPU_UTILIZATION_SAMPLES, NVML_MEMORY_UTILIZATION_SAMPLES
@@ -44,16 +44,6 @@ class Cadence:
         if gpm:
             self.gpm_at = now
         return energy, mem, gpm
-
-
-def gpm_request(nvml: Any) -> Any:
-    """The metrics request, made once as the sampler makes it: each read only fills it."""
-    request = nvml.c_nvmlGpmMetricsGet_t()
-    request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(GPM_METRICS)  # the sampler's metrics
-    for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
-        slot.metricId = metric_id
-    return request
 
 
 def gpm_pair(nvml: Any, handle: Any) -> list[Any] | None:
@@ -126,7 +116,8 @@ class BareGpu:
         return len(stamps)
 
     def per_poll(self) -> int:
-        """Calls every poll makes, the energy counter and the memory samples aside."""
+        """Calls a poll makes, the rate's counted (made where no new GPU sample came), the
+        energy counter and the memory samples (by cadence) aside."""
         return len(self.calls) + (1 if self.samples else 0) + (1 if self.rates else 0)
 
     def poll(self, energy: bool, mem: bool, gpm: bool) -> None:

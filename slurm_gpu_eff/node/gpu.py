@@ -235,7 +235,7 @@ class Gpu:
         }
         self.gpm_taken_at = self.steady()
         self.gpm = self._gpm_start()
-        self.gpm_request: Any = self._gpm_request() if self.gpm is not None else None
+        self.gpm_request: Any = gpm_request(self.nvml) if self.gpm is not None else None
         # Each result slot of the request with its name, taken once: views of its buffer
         self.gpm_slots: list[tuple[str, Any]] = (
             [] if self.gpm_request is None else list(zip(GPM_NAMES, self.gpm_request.metrics, strict=False)))
@@ -449,16 +449,6 @@ class Gpu:
             self.nvml.nvmlGpmMigSampleGet(self.parent, self.gi_id, sample)
         else:
             self.nvml.nvmlGpmSampleGet(self.handle, sample)
-
-    def _gpm_request(self) -> Any:
-        """The metrics request, made once: NVML writes only each slot's result into it."""
-        nvml = self.nvml
-        request = nvml.c_nvmlGpmMetricsGet_t()
-        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(GPM_METRICS)
-        for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
-            slot.metricId = metric_id
-        return request
 
     def _gpm_read(self, now: float) -> tuple[dict[str, float] | None, float]:
         """GPM's means since its last sample, and the seconds they cover; `now` on the
@@ -700,6 +690,17 @@ class Gpu:
     def close(self) -> None:
         self._gpm_free(self.gpm or [])
         self.gpm = None
+
+
+def gpm_request(nvml: ModuleType) -> Any:
+    """The GPM metrics request, made once a GPU: NVML writes only each slot's result into
+    it (bench/bare.py's baseline makes the same)."""
+    request = nvml.c_nvmlGpmMetricsGet_t()
+    request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(GPM_METRICS)
+    for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
+        slot.metricId = metric_id
+    return request
 
 
 def _period(gaps: list[int], first_gap: int) -> float:

@@ -48,9 +48,9 @@ LINK_EVERY_POLLS = 10  # polls between looks at the GPUs' PCIe link speed (Gpu.r
 # Seconds (the driver's clock, as the memory samples' below) between reads of the energy
 # counter. On a Hopper GPU the read costs 3-3.5 ms of CPU (a third of a poll's NVML calls;
 # docs/metrics.md), and a counter loses nothing between reads: the job's energy is its
-# difference. Read too at each poll before a
-# checkpoint or a scheduled live copy, and at the final reading, so their energy ends with
-# their window (a copy the idle policy's level sends at once may lag up to this).
+# difference. Read too at each poll before a checkpoint or a scheduled live copy, and at
+# the final reading, so their energy ends with their window (a copy the idle policy's
+# level sends at once may lag up to this).
 ENERGY_EVERY_S = 10.0
 # Seconds (the driver's clock) between reads of the memory-utilisation samples. The read
 # costs 2.8 ms of CPU on a Hopper GPU whatever it returns, and the driver keeps every
