@@ -101,6 +101,9 @@ NVML_SUCCESS = 0
 # had some learns nothing, rather than "idle".
 DRIVER_PERIOD_S = 1.0
 CLOCK_BACK_US = 1_000_000  # the clock this far before a driver's sample: it was stepped back
+# Stretches the rate stood for (Gpu.covered): more than one only where the rate call fails
+# between polls; past this many, the oldest go (counted twice then, never left out)
+MAX_RATE_SPANS = 32
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 # NVLink: NVML numbers versions by its nvmlNvlinkVersion_t (an A100 answers 5, "3.1", not
@@ -168,7 +171,7 @@ class Gpu:
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
         "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
-        "mismatches", "util_resumed_us",
+        "covered", "mismatches", "read_steady", "util_resumed_us",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -233,7 +236,13 @@ class Gpu:
             kind: self._newest_sample_us(kind)
             for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
         }
-        self.gpm_taken_at = self.steady()
+        self.gpm_taken_at = self.read_steady = self.steady()  # read_steady: the last read's
+        # Where the rate stood in for a kind's figure since its last samples were read
+        # (Gpu._rate_stood), [from, to] on the driver's clock in microseconds: counted
+        # already, so a sample read later covers only the rest of its window (Gpu._samples).
+        # Placed by the wall clock: a driver on another (boot time) meets none, as before.
+        self.covered: dict[int, list[list[float]]] = {
+            GPU_UTILIZATION_SAMPLES: [], MEMORY_UTILIZATION_SAMPLES: []}
         self.gpm = self._gpm_start()
         self.gpm_request: Any = gpm_request(self.nvml) if self.gpm is not None else None
         # Each result slot of the request with its name, taken once: views of its buffer
@@ -509,24 +518,29 @@ class Gpu:
             self.last_sample_us[kind] = last
             return []
         period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)],
-                         found[0][0] - last)
+                         found[0][0] - last, self.driver_period_s * 1e6)
         if len(found) > 1:
             self.driver_period_s = period / 1e6
         if kind == MEMORY_UTILIZATION_SAMPLES:
             self._dropped(found, last, period)
+        spans = self.covered[kind]
         out = []
         for stamp, value in found:
             # A sample stands for the time since the one before: its window, give or take
-            # the driver's jitter. A longer gap means the buffer dropped samples between
-            # two polls: that time stays unmeasured, not stretched over.
+            # the driver's jitter (up to twice the period: at 1.5, windows jittered +-40%
+            # lost 1% of the time). A longer gap means the buffer dropped samples between
+            # two polls, or the driver paused: that time is not stretched over.
             gap = stamp - last
-            if gap <= 1.5 * period:
-                out.append((value, gap / 1e6))
-            else:
-                out.append((value, period / 1e6))
-                if gap > 2 * period and kind == GPU_UTILIZATION_SAMPLES:
+            window: float = gap
+            if gap > 2 * period:
+                window = period
+                if kind == GPU_UTILIZATION_SAMPLES:
                     self.util_resumed_us = stamp  # the GPU samples paused till here
+            if spans:  # less the time counted already (polls faster than the driver)
+                window -= _overlap(spans, stamp - window, stamp)
+            out.append((value, window / 1e6))
             last = stamp
+        spans.clear()
         self.last_sample_us[kind] = last
         return out
 
@@ -630,6 +644,9 @@ class Gpu:
         # Once a GPU a poll: the Reading is built from positional arguments (its fields'
         # order), cheaper than by keyword.
         now = self.clock()
+        steady = self.steady()
+        since_us = (steady - self.read_steady) * 1e6  # the time this reading stands for
+        self.read_steady = steady
         plan = self.plan if energy_counter else self._light_plan()
         memory, processes, power, temp, clock, energy, throttle, ecc = self._poll_reads(plan)
         mem_used = None if memory is None else float(_field(memory, "used"))
@@ -655,6 +672,10 @@ class Gpu:
         else:
             mem = self._samples(MEMORY_UTILIZATION_SAMPLES, now)
             util, mem_util = self._utilisation(util_samples, mem)
+            if util_samples == [] and util is not None:  # the rate stands in for this poll
+                self._rate_stood(GPU_UTILIZATION_SAMPLES, now * 1e6, since_us)
+                if mem == [] and mem_util is not None:
+                    self._rate_stood(MEMORY_UTILIZATION_SAMPLES, now * 1e6, since_us)
         reading = Reading(
             now, util, mem_util, mem_used,
             None if power is None else power / 1000.0,  # power_w
@@ -668,6 +689,19 @@ class Gpu:
         )
         self.listed = pids  # a whole read: this poll's list, for the look at the node
         return reading
+
+    def _rate_stood(self, kind: int, now_us: float, since_us: float) -> None:
+        """The rate stood for the poll's time, ending now: the samples of `kind` that
+        cover that time when they come leave it out. Measured on the monotonic clock and
+        placed at the poll (a step of the wall clock moves no stretch's length)."""
+        spans = self.covered[kind]
+        start = now_us - max(since_us, 0.0)
+        if spans and abs(spans[-1][1] - start) < 1000:  # straight after the last: one stretch
+            spans[-1][1] = now_us
+            return
+        if len(spans) >= MAX_RATE_SPANS:
+            del spans[0]  # that time may be counted twice, never left out
+        spans.append([start, now_us])
 
     def _utilisation(self, util_samples: list[tuple[float, float]] | None,
                      mem_samples: list[tuple[float, float]] | None) -> tuple[float | None, float | None]:
@@ -703,11 +737,22 @@ def gpm_request(nvml: ModuleType) -> Any:
     return request
 
 
-def _period(gaps: list[int], first_gap: int) -> float:
+def _overlap(spans: list[list[float]], start: float, end: float) -> float:
+    """How much of [start, end] the spans cover (they do not overlap each other)."""
+    covered = 0.0
+    for low, high in spans:
+        covered += max(0.0, min(end, high) - max(start, low))
+    return min(covered, max(end - start, 0.0))
+
+
+def _period(gaps: list[int], first_gap: int, learnt: float) -> float:
     """The driver's sample period: the median gap between its timestamps. Not the
-    smallest: one short, jittered gap would cap every sample's weight."""
+    smallest: one short, jittered gap would cap every sample's weight. A lone sample's
+    gap, up to the period `learnt` from earlier batches: after a pause in the driver's
+    samples (a driver that fills nothing while the GPU idles, before binding too) it does
+    not cover the pause."""
     if not gaps:
-        return float(first_gap)
+        return float(min(first_gap, learnt))
     gaps = sorted(gaps)
     return float(gaps[len(gaps) // 2])
 

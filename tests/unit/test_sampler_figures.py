@@ -131,14 +131,13 @@ def test_the_energy_counter_and_memory_samples_read_by_cadence_give_the_same_fig
     reads, so every summary is the same, but where the counter was reset (a driver reload)
     between two reads: the energy of that stretch before the reset is not counted. The
     driver keeps its samples till they are read: the same samples, the same values. What
-    moves is the time counted. Where this scenario polls faster than the driver's period
-    (0.25 s steps), a poll that finds no sample newer than the last lets the rate stand for
-    its time, which the next sample covers again (the GPU figure does so still, and counts
-    more seconds than were sampled); by cadence the memory samples are still waiting at
-    such a poll. And a batch of two jittered samples (one gap: the period it is judged by)
-    caps a sample's weight that a longer batch's median does not (0.3 s more here). So the
-    memory figure's time is at most half a second over what it was, never under the time
-    sampled, and its mean moves by the double-counted rate alone."""
+    moves is the time counted: where this scenario polls faster than the driver's period
+    (0.25 s steps), a poll that finds no new GPU sample reads the memory samples and,
+    none new either, lets the rate stand for its time (the next samples cover only the rest
+    of their windows, Gpu.covered); by cadence they may come in the same poll instead; and
+    a short batch of jittered samples is judged by a period a longer batch's median puts
+    elsewhere. So the memory figure's time is within half a second of what it was and of
+    the time sampled, and its mean moves by a rate that stood for the sample's value."""
     sim_node.now = BOOT + 1000.0  # the scenario again, from its start
     calls.clear()
     polled: list[int] = []

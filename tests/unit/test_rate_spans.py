@@ -1,0 +1,163 @@
+"""Polls faster than the driver's sample period (node/gpu.py, Gpu.covered): a poll that
+finds no new sample lets the rate stand for its time, and the sample that comes next covers
+only the rest of its window, so that each second is counted once. Before, the sample
+covered its whole window again: utilisation seconds +50% at 0.5 s polls of a 1 s driver."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pynvml
+import pytest
+
+from slurm_gpu_eff.node.gpu import MAX_RATE_SPANS, _overlap
+from slurm_gpu_eff.node.gpustats import GpuStats
+
+from .conftest import BOOT, SIM_DEVICES
+from .test_gpu import driver_fills_nothing
+
+START = BOOT + 1000.0
+
+
+def polled(sim_node: Any, minor: int, steps: list[float], mem_samples: bool = True) -> GpuStats:
+    """GpuStats of `minor` after polls `steps` apart (the driver's and the monotonic
+    clock's seconds alike), each reading standing for its step, as the sampler's."""
+    mono = [500.0]
+    session = sim_node.session()
+    session.steady = lambda: mono[0]
+    (gpu,) = session.bind([minor])
+    stats = GpuStats(gpu)
+    for step in steps:
+        sim_node.now += step
+        mono[0] += step
+        stats.add(gpu.read(mem_samples=mem_samples), step)
+    stats.flush()
+    return stats
+
+
+def wave(seconds: float = 700) -> dict[str, Any]:
+    return {"phases": [{"seconds": seconds, "gpus": {"*": {
+        "util": {"low": 0, "high": 100, "period_s": 20, "duty": 0.5}, "mem_util": 40}}}]}
+
+
+@pytest.mark.parametrize(("minor", "step"), [
+    (2, 0.5),  # 1 s windows, polled twice a window (before: +50%)
+    (2, 0.25),
+    (0, 0.1),  # 0.5 s windows (before: +80%)
+    (2, 1.0),  # a 1 s driver at the default 1 s
+])
+def test_each_second_is_counted_once(sim_node: Any, minor: int, step: float) -> None:
+    sim_node.write_state(minor, wave(), started_at=START - 5.0)
+    sim_node.now = START
+    stats = polled(sim_node, minor, [step] * round(600 / step))
+    period = 1.0 if minor == 2 else 0.5
+    # kept only till the kind's next samples: the polls since its last ones, no more
+    kept = [high for spans in stats.gpu.covered.values() for _, high in spans]
+    assert all(high / 1e6 > sim_node.now - 2 * period for high in kept)
+    util = stats.stat("util")
+    assert stats.seconds - period <= util.seconds <= stats.seconds + 0.001
+    assert stats.histogram.total_s == pytest.approx(util.seconds)
+    assert stats.histogram.idle_s == pytest.approx(util.seconds / 2, abs=2 * period + 1)  # half idle
+    assert util.mean == pytest.approx(50, abs=1)
+
+
+def test_jittered_windows_at_irregular_polls(sim_node: Any) -> None:
+    """A driver whose windows jitter (+-40%), polled 0.25-3.3 s apart: the time counted stays
+    within a window of the time polled (before: a cap at 1.5 periods took 0.9% from it,
+    hidden by the double count)."""
+    table = [{**spec, "quirks": ["samples_jitter"]} if spec["minor"] == 1 else spec for spec in SIM_DEVICES]
+    sim_node.write_devices({"gpu1": table})
+    sim_node.write_state(1, wave(1000), started_at=START - 5.0)
+    sim_node.now = START
+    rng = random.Random(7)
+    stats = polled(sim_node, 1, [rng.choice((0.25, 0.5, 1.0, 1.5, 2.0, 3.3)) for _ in range(400)])
+    # the first sample's window may begin before binding: a jittered window at most
+    assert stats.seconds - 1.0 <= stats.stat("util").seconds <= stats.seconds + 0.7
+    assert stats.seconds - 1.0 <= stats.stat("mem_util").seconds <= stats.seconds + 0.7
+
+
+def test_the_memory_samples_left_for_later_count_once(sim_node: Any) -> None:
+    """At a poll with no new GPU sample the memory samples are read and, none new, their
+    rate stands in too; the memory samples read later (the sampler's 5 s cadence) cover
+    only the rest."""
+    sim_node.write_state(2, wave(), started_at=START - 5.0)
+    sim_node.now = START
+    stats = polled(sim_node, 2, [0.25] * 2400, mem_samples=False)
+    memory = stats.stat("mem_util")
+    assert stats.seconds - 1.0 <= memory.seconds <= stats.seconds + 0.001
+    assert memory.mean == 40.0
+
+
+def test_a_driver_that_stops_filling_while_idle_keeps_its_idle_time(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A review's probe of an earlier fix: 1 s busy, then 1-5 s idle in which the driver
+    fills nothing, at 1 s windows and 1 s polls. The rate stands for the idle polls (idle);
+    the busy sample after the pause covers its own window only (that fix read 4 s idle of
+    160; this code before, 159)."""
+    phases, idle, at = [], [], START - 5.0
+    for pause in [1, 2, 3, 4, 5] * 6:
+        phases += [{"seconds": 1, "gpus": {"*": {"util": 90}}},
+                   {"seconds": pause, "gpus": {"*": {"util": 0}}}]
+        idle.append((at + 1, at + 1 + pause))
+        at += 1 + pause
+    sim_node.write_state(2, {"phases": phases}, started_at=START - 5.0)
+    driver_fills_nothing(monkeypatch, lambda t: any(a < t <= b for a, b in idle))
+    sim_node.now = START
+    stats = polled(sim_node, 2, [1.0] * 85)
+    truly_idle = sum(min(b, sim_node.now) - max(a, START) for a, b in idle if b > START and a < sim_node.now)
+    util = stats.stat("util")
+    assert stats.histogram.idle_s == pytest.approx(truly_idle, abs=3)
+    assert stats.seconds - 1.0 <= util.seconds <= stats.seconds + 0.001
+    assert util.mean == pytest.approx(90 * (stats.seconds - truly_idle) / stats.seconds, abs=4)
+
+
+def test_a_lone_sample_after_a_pause_covers_no_more_than_a_period(
+    sim_node: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver filled nothing in the ten minutes before binding (an idle GPU, on a driver
+    that stops filling then): the job's first sample, alone in its poll, covers one period
+    (the 1 s assumed till one is learnt), not the ten minutes back to the driver's newest
+    before (the time sampled is 1 s; before, 601 s of utilisation at 90%)."""
+    sim_node.write_state(2, {"phases": [{"seconds": 10_000, "gpus": {"*": {"util": 90}}}]},
+                         started_at=START - 5000.0)
+    driver_fills_nothing(monkeypatch, lambda t: START - 600 < t <= START)
+    sim_node.now = START
+    stats = polled(sim_node, 2, [1.0])
+    assert stats.stat("util").seconds == 1.0 and stats.histogram.total_s == 1.0
+
+
+def test_a_boot_clock_driver_loses_no_time(sim_node: Any) -> None:
+    """Timestamps on another clock than the sampler's meet no stretch the rate stood for:
+    the double count stays (as before this change), and no time is taken away."""
+    table = [{**spec, "quirks": ["boot_clock"]} if spec["minor"] == 2 else spec for spec in SIM_DEVICES]
+    sim_node.write_devices({"gpu1": table})
+    sim_node.write_state(2, wave(), started_at=START - 5.0)
+    sim_node.now = START
+    first = polled(sim_node, 2, [2.0])  # the stretch before binding is on the wall clock
+    assert first.stat("util").seconds == pytest.approx(2.0, abs=1.0)
+    stats = polled(sim_node, 2, [0.5] * 400)
+    assert stats.stat("util").seconds >= stats.seconds - 1.0
+
+
+def test_a_failed_rate_is_no_stretch(sim_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the rate cannot be read, no figure stands for the poll: the sample that comes
+    later covers its window whole."""
+    sim_node.write_state(2, wave(), started_at=START - 5.0)
+    sim_node.now = START
+
+    def refused(handle: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", refused)
+    stats = polled(sim_node, 2, [0.5] * 400)
+    assert stats.seconds - 1.0 <= stats.stat("util").seconds <= stats.seconds + 0.001
+
+
+def test_overlap_and_stretches() -> None:
+    assert _overlap([[0, 10], [20, 30]], 5, 25) == 10
+    assert _overlap([[0, 10]], 10, 20) == 0
+    assert _overlap([[0, 100]], 40, 50) == 10  # never more than the window
+    assert _overlap([], 0, 5) == 0
+    assert MAX_RATE_SPANS >= 8
