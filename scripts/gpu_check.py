@@ -987,6 +987,10 @@ def call_costs(gpu: GpuInfo, rounds: int, interval_s: float) -> dict[str, tuple[
         "GetTotalEccErrors": lambda: nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0),
         "GetProcessUtilization": lambda: nvml.nvmlDeviceGetProcessUtilization(handle, 0),
     }
+    # pynvml's GetSamples makes two C calls (the count, then the samples): are both
+    # NVML's cost? If one call into a buffer made ready costs half, the sampler could
+    # save a quarter of a poll on Hopper (left for the GPU session that can tell)
+    calls.update(samples_c_calls(nvml, handle))
     pair = gpm_pair(nvml, handle)
     if pair is not None:
         request = gpm_request(nvml)
@@ -1007,6 +1011,29 @@ def call_costs(gpu: GpuInfo, rounds: int, interval_s: float) -> dict[str, tuple[
             wall.append(time.perf_counter() - began)
         found[name] = (1000 * median(cpu), 1000 * median(wall)) if len(cpu) == rounds else None
     return found
+
+
+def samples_c_calls(nvml: Any, handle: Any) -> dict[str, Callable[[], object]]:
+    """nvmlDeviceGetSamples called as C: the sizing call alone, and one call into a buffer
+    of 256 samples (more than a driver keeps: 71 on an H200)."""
+    import ctypes
+
+    try:
+        function = nvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+        buffer = (nvml.c_nvmlSample_t * 256)()
+    except (AttributeError, nvml.NVMLError):
+        return {}
+
+    def call(into: Any) -> int:
+        count, value_type = ctypes.c_uint(256 if into is not None else 0), ctypes.c_int(0)
+        status = function(handle, ctypes.c_int(1), ctypes.c_ulonglong(0), ctypes.byref(value_type),
+                          ctypes.byref(count), into)
+        if status:
+            raise nvml.NVMLError(status)
+        return count.value
+
+    return {"GetSamples(gpu) C sizing call": lambda: call(None),
+            "GetSamples(gpu) C one call, buffer ready": lambda: call(buffer)}
 
 
 def median(values: list[float]) -> float:

@@ -576,10 +576,22 @@ def test_each_nvml_call_is_timed_alone_and_a_refused_one_has_no_figure(sim_node:
     costs = gc.call_costs(sim_gpu(sim_node, 0), rounds=3, interval_s=0.0)
     assert costs["GetPowerUsage"] is None
     timed = {name: v for name, v in costs.items() if v is not None}
-    assert {"GetSamples(gpu)", "GetMemoryInfo_v2", "GpmSampleGet+MetricsGet"} <= set(timed)
+    assert {"GetSamples(gpu)", "GetMemoryInfo_v2", "GpmSampleGet+MetricsGet",
+            "GetSamples(gpu) C sizing call", "GetSamples(gpu) C one call, buffer ready"} <= set(timed)
     assert all(cpu >= 0 and wall >= 0 for cpu, wall in timed.values())
     text = gc.call_lines(costs)
     assert "median of 40" in text and text.rstrip().endswith("failed: GetPowerUsage")
+
+
+def test_the_samples_c_calls_find_what_pynvml_finds(sim_node: Any) -> None:
+    """The two C calls timed beside pynvml's GetSamples (its sizing call, and one call into
+    a buffer made ready) ask the driver the same: as many samples."""
+    sim_node.write_state(0, {"phases": [{"seconds": 100, "gpus": {"*": {"util": 50}}}]},
+                         started_at=sim_node.now - 10)
+    gpu = sim_gpu(sim_node, 0)
+    sizing, one_call = gc.samples_c_calls(gpu.nvml, gpu.handle).values()
+    _, found = gpu.nvml.nvmlDeviceGetSamples(gpu.handle, 1, 0)
+    assert sizing() == one_call() == len(found) > 0
 
 
 # --- the workload in each phase's job cgroup ----------------------------------------------------
