@@ -104,6 +104,7 @@ CLOCK_BACK_US = 1_000_000  # the clock this far before a driver's sample: it was
 # Stretches the rate stood for (Gpu.covered): more than one only where the rate call fails
 # between polls; past this many, the oldest go (counted twice then, never left out)
 MAX_RATE_SPANS = 32
+BEFORE_BINDING_S = 86400  # the stretch before binding reaches a day back (not to boot-clock stamps)
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 # NVLink: NVML numbers versions by its nvmlNvlinkVersion_t (an A100 answers 5, "3.1", not
@@ -237,12 +238,16 @@ class Gpu:
             for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
         }
         self.gpm_taken_at = self.read_steady = self.steady()  # read_steady: the last read's
-        # Where the rate stood in for a kind's figure since its last samples were read
-        # (Gpu._rate_stood), [from, to] on the driver's clock in microseconds: counted
-        # already, so a sample read later covers only the rest of its window (Gpu._samples).
-        # Placed by the wall clock: a driver on another (boot time) meets none, as before.
+        # Stretches of the driver's clock ([from, to], microseconds) that a kind's samples
+        # read next leave out of their windows (Gpu._samples): the time before binding (not
+        # the job's: a driver that fills nothing while the GPU idles may keep a sample from
+        # long before, which a lone first sample would cover back to), and each poll the
+        # rate stood in for since that kind's last samples (Gpu._rate_stood: counted
+        # already). Placed by the sampler's clock; where the samples show the driver's is
+        # another (boot time, an offset), none is used, as before they were kept.
+        before = [(self.bound_at - BEFORE_BINDING_S) * 1e6, self.bound_at * 1e6]
         self.covered: dict[int, list[list[float]]] = {
-            GPU_UTILIZATION_SAMPLES: [], MEMORY_UTILIZATION_SAMPLES: []}
+            GPU_UTILIZATION_SAMPLES: [list(before)], MEMORY_UTILIZATION_SAMPLES: [list(before)]}
         self.gpm = self._gpm_start()
         self.gpm_request: Any = gpm_request(self.nvml) if self.gpm is not None else None
         # Each result slot of the request with its name, taken once: views of its buffer
@@ -511,28 +516,35 @@ class Gpu:
         # The header promises no order: sort by the driver's timestamp.
         # Fields read past pynvml's per-access hook (_field): a dozen samples a second
         found = sorted((int(_field(s, "timeStamp")), float(_field(s, "sampleValue").uiVal)) for s in samples)
-        if last is None:
+        if not last:  # binding could not tell (None), or the driver had none then (0)
             last = self._baseline([stamp for stamp, _ in found])
         found = [(stamp, value) for stamp, value in found if stamp > last]
         if not found:
             self.last_sample_us[kind] = last
             return []
         period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)],
-                         found[0][0] - last, self.driver_period_s * 1e6)
+                         found[0][0] - last)
         if len(found) > 1:
             self.driver_period_s = period / 1e6
         if kind == MEMORY_UTILIZATION_SAMPLES:
             self._dropped(found, last, period)
         spans = self.covered[kind]
+        if spans and found[-1][0] < spans[-1][1] - CLOCK_BACK_US:
+            # The newest sample, made since the last stretch's end, is stamped before it:
+            # the driver's clock is behind the sampler's, and the stretches would fall on
+            # other windows than they stood for (the one before binding, on the first).
+            # Not used: counted twice, as before, rather than time left out.
+            spans.clear()
         out = []
         for stamp, value in found:
             # A sample stands for the time since the one before: its window, give or take
-            # the driver's jitter (up to twice the period: at 1.5, windows jittered +-40%
-            # lost 1% of the time). A longer gap means the buffer dropped samples between
-            # two polls, or the driver paused: that time is not stretched over.
+            # the driver's jitter (under twice the period: at 1.5, windows jittered +-40%
+            # lost 1% of the time). Twice or more (to a millisecond: stamps are whole
+            # microseconds), the buffer dropped samples between two polls, or the driver
+            # paused: that time is not stretched over.
             gap = stamp - last
             window: float = gap
-            if gap > 2 * period:
+            if gap > 2 * period - 1000:
                 window = period
                 if kind == GPU_UTILIZATION_SAMPLES:
                     self.util_resumed_us = stamp  # the GPU samples paused till here
@@ -654,7 +666,7 @@ class Gpu:
         gpm: dict[str, float] | None = None
         gpm_s = 0.0
         if self.gpm is not None:
-            steady = self.steady()
+            steady = self.steady()  # again: GPM's samples must be 100 ms apart when taken
             if steady - self.gpm_taken_at > GPM_MIN_INTERVAL_S:
                 gpm, gpm_s = self._gpm_read(steady)
             else:  # too close to the last GPM sample for NVML (> 100 ms apart): next poll
@@ -745,14 +757,13 @@ def _overlap(spans: list[list[float]], start: float, end: float) -> float:
     return min(covered, max(end - start, 0.0))
 
 
-def _period(gaps: list[int], first_gap: int, learnt: float) -> float:
+def _period(gaps: list[int], first_gap: int) -> float:
     """The driver's sample period: the median gap between its timestamps. Not the
-    smallest: one short, jittered gap would cap every sample's weight. A lone sample's
-    gap, up to the period `learnt` from earlier batches: after a pause in the driver's
-    samples (a driver that fills nothing while the GPU idles, before binding too) it does
-    not cover the pause."""
+    smallest: one short, jittered gap would cap every sample's weight. A lone sample's is
+    its own gap (a driver may fill windows further apart while the GPU idles: a period
+    learnt under load would cut them)."""
     if not gaps:
-        return float(min(first_gap, learnt))
+        return float(first_gap)
     gaps = sorted(gaps)
     return float(gaps[len(gaps) // 2])
 
