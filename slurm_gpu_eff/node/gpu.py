@@ -104,6 +104,9 @@ CLOCK_BACK_US = 1_000_000  # the clock this far before a driver's sample: it was
 # Stretches the rate stood for (Gpu.covered): more than one only where the rate call fails
 # between polls; past this many, the oldest go (counted twice then, never left out)
 MAX_RATE_SPANS = 32
+# A gap this short of two periods is two: the driver's stamps are whole microseconds (a
+# 1/6 s period's gaps alternate 166666 and 166667), and one dropped sample is a drop
+DROP_SLACK_US = 1000
 BEFORE_BINDING_S = 86400  # the stretch before binding reaches a day back (not to boot-clock stamps)
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
@@ -142,6 +145,10 @@ class Reading:
     # pid -> SM utilisation of the driver's last sample period (about 1/6 s) before this
     # poll, for the processes busy in it: a sample per poll, not a mean since the last one.
     process_sm: dict[int, float] | None = None
+    # The new GPU samples' mean, each over its whole window: the poll's figure for the idle
+    # line and the timeline. A window the rate stood for in part still weighs whole here:
+    # a busy sample's evidence is never thinned by the time counted already.
+    util_mean: float | None = None
 
     @property
     def processes(self) -> int | None:
@@ -172,7 +179,7 @@ class Gpu:
         "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
         "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
-        "covered", "mismatches", "read_steady", "util_resumed_us",
+        "covered", "mismatches", "read_steady", "samples_mean", "util_resumed_us",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -245,9 +252,12 @@ class Gpu:
         # rate stood in for since that kind's last samples (Gpu._rate_stood: counted
         # already). Placed by the sampler's clock; where the samples show the driver's is
         # another (boot time, an offset), none is used, as before they were kept.
-        before = [(self.bound_at - BEFORE_BINDING_S) * 1e6, self.bound_at * 1e6]
+        # (It ends a second before binding: a driver's clock a little behind the sampler's
+        # would put the job's first window inside it.)
+        before = [(self.bound_at - BEFORE_BINDING_S) * 1e6, self.bound_at * 1e6 - CLOCK_BACK_US]
         self.covered: dict[int, list[list[float]]] = {
             GPU_UTILIZATION_SAMPLES: [list(before)], MEMORY_UTILIZATION_SAMPLES: [list(before)]}
+        self.samples_mean = 0.0  # the last samples read: their mean over whole windows
         self.gpm = self._gpm_start()
         self.gpm_request: Any = gpm_request(self.nvml) if self.gpm is not None else None
         # Each result slot of the request with its name, taken once: views of its buffer
@@ -536,6 +546,7 @@ class Gpu:
             # Not used: counted twice, as before, rather than time left out.
             spans.clear()
         out = []
+        whole = weighted = 0.0  # the windows unclipped, for the poll's mean
         for stamp, value in found:
             # A sample stands for the time since the one before: its window, give or take
             # the driver's jitter (under twice the period: at 1.5, windows jittered +-40%
@@ -544,15 +555,18 @@ class Gpu:
             # paused: that time is not stretched over.
             gap = stamp - last
             window: float = gap
-            if gap > 2 * period - 1000:
+            if gap > 2 * period - DROP_SLACK_US:
                 window = period
                 if kind == GPU_UTILIZATION_SAMPLES:
                     self.util_resumed_us = stamp  # the GPU samples paused till here
+            whole += window
+            weighted += value * window
             if spans:  # less the time counted already (polls faster than the driver)
                 window -= _overlap(spans, stamp - window, stamp)
             out.append((value, window / 1e6))
             last = stamp
         spans.clear()
+        self.samples_mean = weighted / whole if whole else out[-1][0]
         self.last_sample_us[kind] = last
         return out
 
@@ -564,7 +578,7 @@ class Gpu:
         the same stretch: a driver that fills nothing while the GPU idles, a sampler that
         was stopped, or the first samples after binding on an empty buffer (last 0)."""
         first = found[0][0]
-        if (len(found) >= 4 and last and first - last > 2 * period
+        if (len(found) >= 4 and last and first - last > 2 * period - DROP_SLACK_US
                 and not last < self.util_resumed_us <= first):
             self.mem_every_poll = True
 
@@ -675,6 +689,7 @@ class Gpu:
             return Reading(time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
                            mem_used_bytes=mem_used, gpm=gpm, gpm_s=gpm_s, pids=pids)
         util_samples = self._samples(GPU_UTILIZATION_SAMPLES, now)
+        util_mean = self.samples_mean if util_samples else None
         util: float | None
         mem_util: float | None
         if util_samples and not mem_samples and not self.mem_every_poll:
@@ -698,6 +713,7 @@ class Gpu:
             throttle, ecc,  # throttle_mask, ecc_uncorrected
             pids,
             self._process_sm() if per_process else None,  # process_sm
+            util_mean,
         )
         self.listed = pids  # a whole read: this poll's list, for the look at the node
         return reading

@@ -105,8 +105,8 @@ class GpuStats:
         self.samples += 1
         self.seconds += seconds
         samples = reading.util_samples
-        if samples:  # the samples' mean stands for the poll (idle line, timeline)
-            util = _mean(samples)
+        if samples:  # the samples' mean over their whole windows stands for the poll
+            util = reading.util_mean if reading.util_mean is not None else _mean(samples)
         pids, process_sm = reading.pids, reading.process_sm
         own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
         if pids is not None and (pids != self.settled_pids or process_sm is not None):
