@@ -546,7 +546,7 @@ class Gpu:
             # Not used: counted twice, as before, rather than time left out.
             spans.clear()
         out = []
-        whole = weighted = 0.0  # the windows unclipped, for the poll's mean
+        whole = weighted = 0.0  # for the poll's own figure: the mean as before this change
         for stamp, value in found:
             # A sample stands for the time since the one before: its window, give or take
             # the driver's jitter (under twice the period: at 1.5, windows jittered +-40%
@@ -557,10 +557,15 @@ class Gpu:
             window: float = gap
             if gap > 2 * period - DROP_SLACK_US:
                 window = period
-                if kind == GPU_UTILIZATION_SAMPLES:
-                    self.util_resumed_us = stamp  # the GPU samples paused till here
-            whole += window
-            weighted += value * window
+                if kind == GPU_UTILIZATION_SAMPLES and gap > 2.5 * period:
+                    # the GPU samples paused till here (more than one window: one dropped
+                    # is no pause, and must not hide the memory samples' drops, _dropped)
+                    self.util_resumed_us = stamp
+            # The poll's figure (the idle line the idle policy cancels on) weighs each
+            # window exactly as before: a gap over 1.5 periods for one period
+            seen = gap if gap <= 1.5 * period else period
+            whole += seen
+            weighted += value * seen
             if spans:  # less the time counted already (polls faster than the driver)
                 window -= _overlap(spans, stamp - window, stamp)
             out.append((value, window / 1e6))

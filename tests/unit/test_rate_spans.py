@@ -285,3 +285,42 @@ def test_one_memory_sample_dropped_a_read_turns_on_reads_every_poll(sim_node: An
     stats.flush()
     assert gpu.mem_every_poll
     assert stats.stat("mem_util").seconds >= stats.seconds - 6.0
+
+
+def test_one_gpu_sample_dropped_a_poll_is_no_pause(sim_node: Any) -> None:
+    """A GPU sample buffer one short of a poll's worth (five of six a second): each poll's
+    first sample comes two periods after the last. That is a drop, not a pause of the GPU
+    samples, so it does not excuse the memory samples' drops: their reads turn to every
+    poll (a third review's probe: 50 s of memory figure for 300 sampled, never switched)."""
+    table = [{**spec, "sample_period_s": 1 / 6, "sample_buffer": 5} if spec["minor"] == 2 else spec
+             for spec in SIM_DEVICES]
+    sim_node.write_devices({"gpu1": table})
+    sim_node.write_state(2, wave(), started_at=START - 5.0)
+    sim_node.now = START
+    mono = [500.0]
+    session = sim_node.session()
+    session.steady = lambda: mono[0]
+    (gpu,) = session.bind([2])
+    stats = GpuStats(gpu)
+    for poll in range(300):
+        sim_node.now += 1.0
+        mono[0] += 1.0
+        stats.add(gpu.read(mem_samples=poll % 5 == 0), 1.0)
+    stats.flush()
+    assert gpu.mem_every_poll and stats.stat("mem_util").seconds >= 0.8 * stats.seconds
+
+
+def test_the_idle_line_reads_each_poll_as_before(sim_node: Any) -> None:
+    """Utilisation alternating 4% and 6% each second on a jittered 1 s driver, polled every
+    2 s: the poll's own figure weighs a gap of 1.5 periods or more as one period, as before,
+    so the stretch under the 5% line is the code before's 8 s (a third review's probe: with
+    such gaps whole, 12 s)."""
+    table = [{**spec, "quirks": ["samples_jitter"]} if spec["minor"] == 2 else spec for spec in SIM_DEVICES]
+    sim_node.write_devices({"gpu1": table})
+    phases = []
+    for _ in range(400):
+        phases += [{"seconds": 1, "gpus": {"*": {"util": 4}}}, {"seconds": 1, "gpus": {"*": {"util": 6}}}]
+    sim_node.write_state(2, {"phases": phases}, started_at=START - 5.0)
+    sim_node.now = START
+    stats = polled(sim_node, 2, [2.0] * 300)
+    assert stats.idle_longest is not None and stats.idle_longest[1] <= 8.0
