@@ -145,9 +145,9 @@ class Reading:
     # pid -> SM utilisation of the driver's last sample period (about 1/6 s) before this
     # poll, for the processes busy in it: a sample per poll, not a mean since the last one.
     process_sm: dict[int, float] | None = None
-    # The new GPU samples' mean, each over its whole window: the poll's figure for the idle
-    # line and the timeline. A window the rate stood for in part still weighs whole here:
-    # a busy sample's evidence is never thinned by the time counted already.
+    # The new GPU samples' mean, their windows weighed as before the rate's stretches (each
+    # whole; a gap over 1.5 periods as one): the poll's figure for the idle line and the
+    # timeline. A busy sample's evidence is never thinned by the time counted already.
     util_mean: float | None = None
 
     @property
@@ -257,7 +257,7 @@ class Gpu:
         before = [(self.bound_at - BEFORE_BINDING_S) * 1e6, self.bound_at * 1e6 - CLOCK_BACK_US]
         self.covered: dict[int, list[list[float]]] = {
             GPU_UTILIZATION_SAMPLES: [list(before)], MEMORY_UTILIZATION_SAMPLES: [list(before)]}
-        self.samples_mean = 0.0  # the last samples read: their mean over whole windows
+        self.samples_mean = 0.0  # the last samples read: their mean as the poll's figure
         self.gpm = self._gpm_start()
         self.gpm_request: Any = gpm_request(self.nvml) if self.gpm is not None else None
         # Each result slot of the request with its name, taken once: views of its buffer

@@ -105,7 +105,7 @@ class GpuStats:
         self.samples += 1
         self.seconds += seconds
         samples = reading.util_samples
-        if samples:  # the samples' mean over their whole windows stands for the poll
+        if samples:  # the samples' mean stands for the poll (Reading.util_mean: as before)
             util = reading.util_mean if reading.util_mean is not None else _mean(samples)
         pids, process_sm = reading.pids, reading.process_sm
         own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
