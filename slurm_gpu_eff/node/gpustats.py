@@ -106,7 +106,7 @@ class GpuStats:
         self.seconds += seconds
         samples = reading.util_samples
         if samples:  # the samples' mean stands for the poll (Reading.util_mean: as before)
-            util = reading.util_mean if reading.util_mean is not None else _mean(samples)
+            util = reading.util_mean
         pids, process_sm = reading.pids, reading.process_sm
         own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
         if pids is not None and (pids != self.settled_pids or process_sm is not None):
@@ -342,12 +342,6 @@ class GpuStats:
             idle_now=_idle_now(self.idle_now()),
             pcie_link=gpu.pcie_link(), nvlink=gpu.nvlink,
         )
-
-
-def _mean(samples: list[tuple[float, float]]) -> float:
-    """The samples' (value, seconds) mean: what the poll stands for in the timeline."""
-    total = sum(w for _, w in samples)
-    return sum(v * w for v, w in samples) / total if total else samples[-1][0]
 
 
 def _idle_now(stretch: tuple[float, float] | None) -> dict[str, float] | None:
