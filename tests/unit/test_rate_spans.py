@@ -23,20 +23,30 @@ START = BOOT + 1000.0
 BEFORE = 1.0
 
 
-def polled(sim_node: Any, minor: int, steps: list[float], mem_samples: bool = True) -> GpuStats:
+def polled(sim_node: Any, minor: int, steps: list[float], mem_every: int | None = 1,
+           ahead: float = 0.0) -> GpuStats:
     """GpuStats of `minor` after polls `steps` apart (the driver's and the monotonic
-    clock's seconds alike), each reading standing for its step, as the sampler's."""
+    clock's seconds alike), each reading standing for its step, as the sampler's; the
+    memory samples read every `mem_every` polls from the first (None: left to the reads
+    the GPU's own state calls for); the sampler's clock `ahead` of the driver's."""
     mono = [500.0]
     session = sim_node.session()
     session.steady = lambda: mono[0]
+    if ahead:
+        session.clock = lambda: sim_node.now + ahead
     (gpu,) = session.bind([minor])
     stats = GpuStats(gpu)
-    for step in steps:
+    for poll, step in enumerate(steps):
         sim_node.now += step
         mono[0] += step
-        stats.add(gpu.read(mem_samples=mem_samples), step)
+        stats.add(gpu.read(mem_samples=mem_every is not None and poll % mem_every == 0), step)
     stats.flush()
     return stats
+
+
+def devices(sim_node: Any, minor: int = 2, **spec: Any) -> None:
+    """gpu1's devices, GPU `minor`'s changed by `spec`."""
+    sim_node.write_devices({"gpu1": [{**s, **spec} if s["minor"] == minor else s for s in SIM_DEVICES]})
 
 
 def wave(seconds: float = 700) -> dict[str, Any]:
@@ -69,8 +79,7 @@ def test_jittered_windows_at_irregular_polls(sim_node: Any) -> None:
     """A driver whose windows jitter (+-40%), polled 0.25-3.3 s apart: the time counted stays
     within a window of the time polled (before: a cap at 1.5 periods took 0.9% from it,
     hidden by the double count)."""
-    table = [{**spec, "quirks": ["samples_jitter"]} if spec["minor"] == 1 else spec for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, minor=1, quirks=["samples_jitter"])
     sim_node.write_state(1, wave(1000), started_at=START - 5.0)
     sim_node.now = START
     rng = random.Random(7)
@@ -85,7 +94,7 @@ def test_the_memory_samples_left_for_later_count_once(sim_node: Any) -> None:
     only the rest."""
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
-    stats = polled(sim_node, 2, [0.25] * 2400, mem_samples=False)
+    stats = polled(sim_node, 2, [0.25] * 2400, mem_every=None)
     memory = stats.stat("mem_util")
     assert stats.seconds - 1.0 <= memory.seconds <= stats.seconds + BEFORE
     assert memory.mean == 40.0
@@ -124,8 +133,7 @@ def test_the_job_s_first_sample_covers_no_time_before_binding(
     since binding (and a second before), not back to the driver's newest sample (before: 602 s
     of utilisation at 90% for 2 s sampled), nor back to the epoch where the buffer had
     none left (before: 1.7e9 s)."""
-    table = [{**spec, "sample_buffer": kept} if spec["minor"] == 2 else spec for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, sample_buffer=kept)
     sim_node.write_state(2, {"phases": [{"seconds": 10_000, "gpus": {"*": {"util": 90}}}]},
                          started_at=START - 5000.0)
     driver_fills_nothing(monkeypatch, lambda t: START - 600 < t <= START)
@@ -140,8 +148,7 @@ def test_idle_windows_further_apart_count_whole(sim_node: Any, monkeypatch: pyte
     idles: each idle sample, alone in its poll, covers its whole second (a review's probe
     of a cap at the period learnt under load: 33 s idle of 200, mean 77% for 45%)."""
     period = 1 / 6
-    table = [{**spec, "sample_period_s": period} if spec["minor"] == 2 else spec for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, sample_period_s=period)
     phases, idle, at = [], [], START - 5.0
     for _ in range(25):
         phases += [{"seconds": 10, "gpus": {"*": {"util": 90}}}, {"seconds": 10, "gpus": {"*": {"util": 0}}}]
@@ -164,9 +171,7 @@ def test_a_dropped_sample_is_not_stretched_over(sim_node: Any) -> None:
     """A buffer of five samples read a second apart on a driver of six a second: the one
     dropped between two reads leaves a gap of two periods, which the next sample does not
     cover (its time is unmeasured, as for more dropped)."""
-    table = [{**spec, "sample_period_s": 1 / 6, "sample_buffer": 5} if spec["minor"] == 2 else spec
-             for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, sample_period_s=1 / 6, sample_buffer=5)
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
     stats = polled(sim_node, 2, [1.0] * 300)
@@ -181,25 +186,14 @@ def test_a_driver_on_another_clock_loses_no_time(sim_node: Any, lag: float) -> N
     meet none: the double count stays either way, and no time is taken away."""
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
-    mono = [500.0]
-    session = sim_node.session()
-    session.steady = lambda: mono[0]
-    session.clock = lambda: sim_node.now + lag
-    (gpu,) = session.bind([2])
-    stats = GpuStats(gpu)
-    for _ in range(1200):
-        sim_node.now += 0.25
-        mono[0] += 0.25
-        stats.add(gpu.read(), 0.25)
-    stats.flush()
+    stats = polled(sim_node, 2, [0.25] * 1200, ahead=lag)
     assert stats.stat("util").seconds >= stats.seconds - 1.0
 
 
 def test_a_boot_clock_driver_loses_no_time(sim_node: Any) -> None:
     """Timestamps on another clock than the sampler's meet no stretch the rate stood for:
     the double count stays (as before this change), and no time is taken away."""
-    table = [{**spec, "quirks": ["boot_clock"]} if spec["minor"] == 2 else spec for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, quirks=["boot_clock"])
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
     first = polled(sim_node, 2, [2.0])  # the stretch before binding is on the wall clock
@@ -251,17 +245,7 @@ def test_a_sampler_clock_a_little_ahead_loses_no_job_time(sim_node: Any) -> None
     59.5 s of 60)."""
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
-    mono = [500.0]
-    session = sim_node.session()
-    session.steady = lambda: mono[0]
-    session.clock = lambda: sim_node.now + 0.5
-    (gpu,) = session.bind([2])
-    stats = GpuStats(gpu)
-    for _ in range(60):
-        sim_node.now += 1.0
-        mono[0] += 1.0
-        stats.add(gpu.read(), 1.0)
-    stats.flush()
+    stats = polled(sim_node, 2, [1.0] * 60, ahead=0.5)
     assert stats.stat("util").seconds >= stats.seconds
 
 
@@ -269,21 +253,11 @@ def test_one_memory_sample_dropped_a_read_turns_on_reads_every_poll(sim_node: An
     """A buffer of four samples of a 1 s driver, read every 5 s: one dropped each read, a
     gap of two periods exactly. That is a drop for the weights and for the switch alike:
     read every poll from then on, no time lost (a second review's probe: 477 s of 600)."""
-    table = [{**spec, "sample_buffer": 4} if spec["minor"] == 2 else spec for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, sample_buffer=4)
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
-    mono = [500.0]
-    session = sim_node.session()
-    session.steady = lambda: mono[0]
-    (gpu,) = session.bind([2])
-    stats = GpuStats(gpu)
-    for poll in range(600):
-        sim_node.now += 1.0
-        mono[0] += 1.0
-        stats.add(gpu.read(mem_samples=poll % 5 == 0), 1.0)
-    stats.flush()
-    assert gpu.mem_every_poll
+    stats = polled(sim_node, 2, [1.0] * 600, mem_every=5)
+    assert stats.gpu.mem_every_poll
     assert stats.stat("mem_util").seconds >= stats.seconds - 6.0
 
 
@@ -292,22 +266,11 @@ def test_one_gpu_sample_dropped_a_poll_is_no_pause(sim_node: Any) -> None:
     first sample comes two periods after the last. That is a drop, not a pause of the GPU
     samples, so it does not excuse the memory samples' drops: their reads turn to every
     poll (a third review's probe: 50 s of memory figure for 300 sampled, never switched)."""
-    table = [{**spec, "sample_period_s": 1 / 6, "sample_buffer": 5} if spec["minor"] == 2 else spec
-             for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, sample_period_s=1 / 6, sample_buffer=5)
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
-    mono = [500.0]
-    session = sim_node.session()
-    session.steady = lambda: mono[0]
-    (gpu,) = session.bind([2])
-    stats = GpuStats(gpu)
-    for poll in range(300):
-        sim_node.now += 1.0
-        mono[0] += 1.0
-        stats.add(gpu.read(mem_samples=poll % 5 == 0), 1.0)
-    stats.flush()
-    assert gpu.mem_every_poll and stats.stat("mem_util").seconds >= 0.8 * stats.seconds
+    stats = polled(sim_node, 2, [1.0] * 300, mem_every=5)
+    assert stats.gpu.mem_every_poll and stats.stat("mem_util").seconds >= 0.8 * stats.seconds
 
 
 def test_the_idle_line_reads_each_poll_as_before(sim_node: Any) -> None:
@@ -315,8 +278,7 @@ def test_the_idle_line_reads_each_poll_as_before(sim_node: Any) -> None:
     2 s: the poll's own figure weighs a gap of 1.5 periods or more as one period, as before,
     so the stretch under the 5% line is the code before's 8 s (a third review's probe: with
     such gaps whole, 12 s)."""
-    table = [{**spec, "quirks": ["samples_jitter"]} if spec["minor"] == 2 else spec for spec in SIM_DEVICES]
-    sim_node.write_devices({"gpu1": table})
+    devices(sim_node, quirks=["samples_jitter"])
     phases = []
     for _ in range(400):
         phases += [{"seconds": 1, "gpus": {"*": {"util": 4}}}, {"seconds": 1, "gpus": {"*": {"util": 6}}}]
