@@ -64,7 +64,7 @@ class GpuSummary:
     throttle_observed_s: float | None = None
     xid_events: list[dict[str, Any]] = field(default_factory=list)
     ecc_uncorrected: int | None = None  # new uncorrected ECC errors during the job
-    processes_max: int | None = None  # most compute processes seen at once; 0: never used
+    processes_max: int | None = None  # most of the job's compute processes seen at once; 0: never used
     mig_gi_id: int | None = None  # the GPU instance, for a MIG slice
     lost_at: float | None = None  # when the GPU fell off the bus
     shared_s: float | None = None  # seconds with another job's processes on it (None: unknown)

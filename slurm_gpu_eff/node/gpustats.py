@@ -29,9 +29,10 @@ class GpuStats:
     __slots__ = (
         "ecc_first", "ecc_last", "elapsed", "energy_counted", "energy_counter_j", "energy_last_mj",
         "errors", "first_at", "gpu", "histogram", "idle_from", "idle_from_s", "idle_longest",
-        "idle_s", "job_id", "jobs_of_pids", "lost_at", "own_listed", "pending", "power_energy_j",
-        "processes_max", "samples", "seconds", "settled_pids", "shared_s", "shared_with", "sluid", "_stats",
-        "throttle_observed_s", "throttle_s", "timeline", "util_source", "xid_events",
+        "idle_s", "job_id", "job_processes", "jobs_of_pids", "lost_at", "own_listed", "pending",
+        "power_energy_j", "processes_max", "samples", "seconds", "settled_pids", "shared_s",
+        "shared_with", "sluid", "_stats", "throttle_observed_s", "throttle_s", "timeline",
+        "util_source", "xid_events",
     )
 
     def __init__(self, gpu: Gpu, job_id: str = "", sluid: str = "") -> None:
@@ -68,7 +69,8 @@ class GpuStats:
         self.xid_events: list[dict[str, Any]] = []
         self.ecc_first: int | None = None
         self.ecc_last: int | None = None
-        self.processes_max: int | None = None
+        self.processes_max: int | None = None  # the job's processes (job_processes), most at once
+        self.job_processes = 0  # the job's processes on the GPU at the last poll that looked
         self.lost_at: float | None = None
         self.errors: list[str] = []
         self.shared_s: float | None = None  # time other jobs' processes were on this GPU
@@ -109,8 +111,11 @@ class GpuStats:
             util = reading.util_mean
         pids, process_sm = reading.pids, reading.process_sm
         own = None  # the job's own (memory, SM share) on a shared GPU, for the figures
-        if pids is not None and (pids != self.settled_pids or process_sm is not None):
-            own = self._add_sharing(pids, process_sm, seconds)
+        if pids is not None:
+            if pids != self.settled_pids or process_sm is not None:
+                own = self._add_sharing(pids, process_sm, seconds)
+            if self.processes_max is None or self.job_processes > self.processes_max:
+                self.processes_max = self.job_processes
         place = self._add_idle(reading.time, seconds, util, gap)
         pending = self.pending
         pending.append((reading, seconds, util, place, own))
@@ -179,9 +184,6 @@ class GpuStats:
             if self.ecc_first is None:
                 self.ecc_first = ecc
             self.ecc_last = ecc
-        pids = reading.pids
-        if pids is not None and (self.processes_max is None or len(pids) > self.processes_max):
-            self.processes_max = len(pids)
         if own is not None:
             own_mem, own_util = own
             if own_mem is not None:
@@ -267,16 +269,23 @@ class GpuStats:
         """Which jobs' processes are on the GPU: ours, another job's, or outside any job's
         (pids that cannot be traced count for neither). Returns the job's own memory and
         SM share for the figures (None: not a figure this poll)."""
-        own_mem, others, listed = 0, None, False
+        own_mem, others, listed, mine = 0, None, False, 0
         jobs, job_id, sluid = self.jobs_of_pids, self.job_id, self.sluid
         for pid, used in pids:
             job = jobs[pid] if pid in jobs else self.job_of(pid)
             if job and (job == job_id or job == sluid):  # same_job(), written out: every poll
                 own_mem += used
                 listed = True
+                mine += 1
             elif job is not None:
                 others = others or set()
                 others.add(f"job {job}" if job else "processes outside any job")
+            else:
+                mine += 1  # whose it is cannot be read (gone already): it may be ours
+        # For "did the job ever open this GPU": another job's process, or a stray outside
+        # any job (one the job before left, that Slurm could not kill), opened nothing of
+        # this job's, and a GPU it never opened gets the plainer hint.
+        self.job_processes = mine
         if others:
             self.shared_s = (self.shared_s or 0.0) + seconds
             self.shared_with |= others

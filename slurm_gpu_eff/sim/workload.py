@@ -89,15 +89,30 @@ def state_path(state_dir: str, node: str, key: int | str) -> str:
 def state_record(
     profile: Profile, position: int, started: float, ended: float | None = None,
     prior_extra_j: float = 0.0, pid: int | None = None, job_id: str = "",
+    pid_start: int | None = None,
 ) -> dict[str, Any]:
     """One GPU's state file: `phases` (resolved for this GPU) and the times are what the
     stand-in library reads; `profile` and `position` let a later workload work out the
-    energy this one added."""
+    energy this one added. `pid_start` (process_start()) tells the stand-in the workload's
+    process from a later one given the same pid."""
     return {
         "job_id": job_id, "position": position, "profile": profile.raw,
         "phases": profile.resolve(position), "started_at": started, "ended_at": ended,
-        "prior_extra_j": prior_extra_j, "pid": pid,
+        "prior_extra_j": prior_extra_j, "pid": pid, "pid_start": pid_start,
     }
+
+
+def process_start(pid: int) -> int | None:
+    """When a process started (clock ticks since boot: /proc/PID/stat's 22nd field). A pid
+    alone names a process only while it lives: a workload killed without writing its end
+    leaves its pid in the state file, and on a busy node (pid_max 32768) a later process
+    takes it, which the stand-in would list on the GPU as the killed workload's."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            text = handle.read()
+        return int(text[text.rindex(b")") + 2:].split()[19])  # fields after the name: 3..
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def extra_energy_j(profile: Profile, position: int, idle_w: float, started: float,
@@ -160,7 +175,8 @@ class Publisher:
     ) -> None:
         path = state_path(self.state_dir, self.node, minor)
         # The workload's pid: NVML lists it as the GPU's process, and it is in the job's cgroup.
-        state = state_record(profile, position, started, ended, prior, os.getpid(), self.job_id)
+        pid = os.getpid()
+        state = state_record(profile, position, started, ended, prior, pid, self.job_id, process_start(pid))
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as handle:

@@ -29,6 +29,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from slurm_gpu_eff.sim.workload import process_start
 from tests import standin
 from tests.configfile import toml
 from tests.unit.conftest import SIM_DEVICES, SimNode
@@ -92,6 +93,7 @@ class Node(SimNode):
     def write_state(
         self, key: int | str, profile: dict[str, Any], started_at: float, ended_at: float | None = None,
         position: int = 0, prior_extra_j: float = 0.0, pid: int | None = None,
+        pid_start: int | None = None,
     ) -> Path:
         """What the in-job workload publishes for GPU `key` (minor) or a MIG UUID, written
         whole and renamed into place as the workload does."""
@@ -99,7 +101,7 @@ class Node(SimNode):
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {"job_id": "4242", "position": position, "profile": profile,
                  "phases": phases(profile, position), "started_at": started_at, "ended_at": ended_at,
-                 "prior_extra_j": prior_extra_j, "pid": pid}
+                 "prior_extra_j": prior_extra_j, "pid": pid, "pid_start": pid_start}
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(state), encoding="utf-8")
         os.replace(tmp, path)
@@ -1159,6 +1161,35 @@ def test_processes_are_listed_while_the_workload_lives(node: Node) -> None:
     assert procs(h) == [(100000, 10 * GIB)]
     node.write_state(0, BUSY, started_at=BOOT + 950.0, ended_at=BOOT + 990.0, pid=os.getpid())
     assert procs(h) == []
+
+
+def test_a_killed_workloads_pid_taken_by_another_process_is_not_listed(node: Node) -> None:
+    """A workload killed without writing its end leaves its pid; on a busy node another
+    process takes that pid (CI saw an idle GPU 'opened' so): its start time tells them apart."""
+    pynvml.nvmlInit()
+    h = handle(0)
+    started = process_start(os.getpid())
+    assert started is not None and started > 0
+    node.write_state(0, BUSY, started_at=BOOT + 950.0, pid=os.getpid(), pid_start=started)
+    assert procs(h) == [(os.getpid(), 10 * GIB)]
+    node.write_state(0, BUSY, started_at=BOOT + 950.0, pid=os.getpid(), pid_start=started - 1)
+    assert procs(h) == []
+    node.write_state(0, BUSY, started_at=BOOT + 950.0, pid=dead_pid(), pid_start=started)
+    assert procs(h) == []
+
+
+def test_process_start_reads_a_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    link = tmp_path / "a) b (c"
+    link.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    child = subprocess.Popen([str(link), "30"])
+    try:
+        text = Path(f"/proc/{child.pid}/stat").read_text()
+        assert "(a) b (c)" in text
+        assert process_start(child.pid) == int(text.rsplit(")", 1)[1].split()[19])
+        assert process_start(dead_pid()) is None
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_processes_follow_the_phase(node: Node) -> None:

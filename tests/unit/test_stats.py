@@ -170,6 +170,32 @@ def test_the_poll_the_jobs_processes_left_the_gpu_in_is_not_counted_idle() -> No
     assert (own.mean, own.seconds) == (pytest.approx(25.0), 4.0)
 
 
+@pytest.mark.parametrize(("listed", "expected"), [
+    ([[]], 0),
+    ([[(1, 0)], [(1, 0), (200, 9)]], 0),  # a stray outside any job, another job's: not ours
+    ([[(1, 0)], [(100, 5), (1, 0)], [(100, 5), (101, 5), (200, 9)]], 2),
+    ([[(300, 0)]], 1),  # whose it is cannot be read (gone already): it may be ours
+])
+def test_the_gpu_counts_as_opened_by_the_jobs_own_processes_only(
+    monkeypatch: pytest.MonkeyPatch, listed: list[list[tuple[int, int]]], expected: int,
+) -> None:
+    """`processes_max` is what tells "was opened but stayed idle" from "was never opened":
+    CI saw an idle GPU 'opened' by a process that was not the job's. A process the job
+    before left on the GPU, or another job's, opens nothing of this job's."""
+    from slurm_gpu_eff.node import gpustats
+    from slurm_gpu_eff.node.gpu import Reading
+    from slurm_gpu_eff.node.sampler import GpuStats
+
+    jobs = {100: "7", 101: "7", 200: "8", 1: ""}
+    monkeypatch.setattr(gpustats, "job_of_pid", jobs.get)
+    track = GpuStats(gpu=None, job_id="7")  # type: ignore[arg-type]
+    twice = [pids for pids in listed for _ in range(2)]  # the second poll may skip the look
+    for at, pids in enumerate(twice, start=1):
+        track.add(Reading(time=float(at), util=0.0, mem_util=None, mem_used_bytes=None,
+                          power_w=None, energy_mj=None, pids=list(pids), process_sm=None), 1.0)
+    assert track.processes_max == expected
+
+
 def test_a_poll_with_the_last_polls_processes_skips_the_sharing_look_to_the_same_figures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -206,7 +232,7 @@ def test_a_poll_with_the_last_polls_processes_skips_the_sharing_look_to_the_same
             track.add(Reading(time=float(at), util=50.0, mem_util=None, mem_used_bytes=None,
                               power_w=None, energy_mj=None, pids=list(pids), process_sm=sm), 1.0)
         return ({k: s.to_dict() for k, s in track.stats.items()}, track.shared_s,
-                sorted(track.shared_with), track.own_listed, len(looks))
+                sorted(track.shared_with), track.own_listed, track.processes_max, len(looks))
 
     *shortcut, shortcut_looks = run(always=False)
     *every, every_looks = run(always=True)

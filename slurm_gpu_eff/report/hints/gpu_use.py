@@ -72,7 +72,7 @@ def _idle_gpus(report: JobReport, p: dict[str, float]) -> list[Hint]:
     details, per_gpu = [], []
     for g in idle:
         opened = None if g.summary is None or g.summary.processes_max is None else not g.never_used
-        state = {True: "was opened but stayed idle", False: "was never opened by any process",
+        state = {True: "was opened but stayed idle", False: "was never opened by the job",
                  None: "stayed idle"}[opened]
         held = "" if g not in holding else (", memory not measured" if g.mem_used_max_bytes is None
                                             else f", holding {mem_peak(g) / GIB:.1f} GiB")

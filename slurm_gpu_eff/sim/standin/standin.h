@@ -69,8 +69,9 @@ struct phase {
 struct workload {
     double started, ended;           /* ended: +inf while it runs */
     double prior_extra_j;
-    bool has_pid;
+    bool has_pid, has_pid_start;
     long long pid;
+    long long pid_start;             /* the process's start, clock ticks since boot */
     int n_phases;
     struct phase *phases;
 };

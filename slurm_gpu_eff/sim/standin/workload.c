@@ -150,10 +150,22 @@ static bool read_phase(const struct json *item, struct phase *phase)
            && read_throttle(json_get(item, "throttle"), phase) && read_xids(json_get(item, "xid"), phase);
 }
 
+/* An optional whole number (null or absent: not there). */
+static bool read_integer(const struct json *item, bool *has, long long *value)
+{
+    if (item == NULL || item->type == JSON_NULL)
+        return true;
+    if (item->type != JSON_NUMBER || item->number != floor(item->number) || fabs(item->number) > 1e15)
+        return false;
+    *has = true;
+    *value = (long long)item->number;
+    return true;
+}
+
 static bool read_times(const struct json *root, struct workload *load)
 {
     const struct json *started = json_get(root, "started_at"), *ended = json_get(root, "ended_at");
-    const struct json *prior = json_get(root, "prior_extra_j"), *pid = json_get(root, "pid");
+    const struct json *prior = json_get(root, "prior_extra_j");
     if (started == NULL || started->type != JSON_NUMBER)
         return false;
     load->started = started->number;
@@ -168,13 +180,8 @@ static bool read_times(const struct json *root, struct workload *load)
             return false;
         load->prior_extra_j = prior->number;
     }
-    if (pid != NULL && pid->type != JSON_NULL) {
-        if (pid->type != JSON_NUMBER || pid->number != floor(pid->number) || fabs(pid->number) > 1e15)
-            return false;
-        load->has_pid = true;
-        load->pid = (long long)pid->number;
-    }
-    return true;
+    return read_integer(json_get(root, "pid"), &load->has_pid, &load->pid)
+           && read_integer(json_get(root, "pid_start"), &load->has_pid_start, &load->pid_start);
 }
 
 void workload_free(struct workload *load)
@@ -367,6 +374,28 @@ void target_events(struct nvmlDevice_st *target, enum event_kind kind, double t0
     }
 }
 
+/* When process `pid` started (/proc/PID/stat's 22nd field, clock ticks since boot), or
+ * -1 when there is no such process: what tells the workload's process from a later one
+ * that took its pid (sim/workload.py's process_start). */
+static long long process_started_at(long long pid)
+{
+    char path[64], text[1024];
+    snprintf(path, sizeof path, "/proc/%lld/stat", pid);
+    FILE *file = fopen(path, "re");
+    if (file == NULL)
+        return -1;
+    size_t length = fread(text, 1, sizeof text - 1, file);
+    fclose(file);
+    text[length] = '\0';
+    const char *field = strrchr(text, ')'); /* the name, in parentheses, may hold anything */
+    long long value = -1;
+    for (int n = 2; field != NULL && n < 22; n++) /* field 2 ends at the ')' */
+        field = strchr(field + 1, ' ');
+    if (field != NULL && sscanf(field + 1, "%lld", &value) != 1)
+        value = -1;
+    return value;
+}
+
 /* The workload runs: started, not ended, and its process alive (NVML lists live
  * processes only; a workload killed with SIGKILL never wrote its end). */
 bool target_running(struct nvmlDevice_st *target, double t)
@@ -377,8 +406,11 @@ bool target_running(struct nvmlDevice_st *target, double t)
     if (!load->has_pid)
         return true;
     char path[64];
-    snprintf(path, sizeof path, "/proc/%lld", load->pid);
-    return access(path, F_OK) == 0;
+    if (!load->has_pid_start) {
+        snprintf(path, sizeof path, "/proc/%lld", load->pid);
+        return access(path, F_OK) == 0;
+    }
+    return process_started_at(load->pid) == load->pid_start;
 }
 
 static void note_found(const struct phase *p, double at, void *context)
