@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import Config, sampler_clock
 from ..errors import BindingError, GpuAccessError, GpuLost
+from .samples import CLOCK_BACK_US, SampleSeries
 
 
 def load_nvml(config: Config) -> ModuleType:
@@ -100,14 +101,6 @@ NVML_SUCCESS = 0
 # longest. Per-process samples come once a period: a poll sooner after the last one that
 # had some learns nothing, rather than "idle".
 DRIVER_PERIOD_S = 1.0
-CLOCK_BACK_US = 1_000_000  # the clock this far before a driver's sample: it was stepped back
-# Stretches the rate stood for (Gpu.covered): more than one only where the rate call fails
-# between polls; past this many, the oldest go (counted twice then, never left out)
-MAX_RATE_SPANS = 32
-# A gap this short of two periods is two: the driver's stamps are whole microseconds (a
-# 1/6 s period's gaps alternate 166666 and 166667), and one dropped sample is a drop
-DROP_SLACK_US = 1000
-BEFORE_BINDING_S = 86400  # the stretch before binding reaches a day back (not to boot-clock stamps)
 XID_EVENT = 0x8
 ALL_GI = 0xFFFFFFFF  # an event of the whole GPU, not of one MIG instance
 # NVLink: NVML numbers versions by its nvmlNvlinkVersion_t (an A100 answers 5, "3.1", not
@@ -176,10 +169,10 @@ class Gpu:
 
     # Slots: read each poll straight from the object (see GpuStats)
     __slots__ = (
-        "bound_at", "clock", "driver_period_s", "energy_at_bind_mj", "error_counts", "errors",
+        "bound_at", "clock", "energy_at_bind_mj", "error_counts", "errors",
         "gi_id", "gpm", "gpm_request", "gpm_slots", "gpm_taken_at", "handle", "index", "is_mig",
-        "last_sample_us", "light", "link_turns", "listed", "mem_every_poll", "memory_total_bytes", "minor",
-        "covered", "mismatches", "read_steady", "samples_mean", "util_resumed_us",
+        "gpu_samples", "light", "link_turns", "listed", "mem_samples", "memory_total_bytes", "minor",
+        "mismatches", "read_steady",
         "name", "nvlink", "nvml", "parent", "parent_uuid", "pcie_done", "pcie_max", "pcie_seen", "plan",
         "power_limit_w", "process_seen_at", "process_since_us", "steady", "unsupported", "uuid",
     )
@@ -232,32 +225,12 @@ class Gpu:
         # The compute processes (pid, memory) the last read listed, until a look at the node's
         # GPUs takes them (GpuSession.node_processes): that poll's list, not asked again
         self.listed: list[tuple[int, int]] | None = None
-        self.driver_period_s = DRIVER_PERIOD_S  # learnt from the sample buffer's timestamps
-        # The memory samples read at every poll, not at the sampler's cadence: once a read
-        # found some dropped (the buffer held less than the cadence's worth)
-        self.mem_every_poll = False
-        self.util_resumed_us = 0  # the GPU samples' first after their last pause (the driver's clock)
-        # The job's samples are the driver's after its newest at binding, told apart by the
-        # driver's own clock, whatever ours says (a boot-clock driver, a step between). None
-        # where binding could not tell: the first poll's call decides (_baseline).
-        self.last_sample_us: dict[int, int | None] = {
-            kind: self._newest_sample_us(kind)
-            for kind in (GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES)
-        }
+        # The driver's samples from binding on (node/samples.py): the GPU samples read every
+        # poll, the memory samples at the sampler's cadence (told from drops by the former)
+        self.gpu_samples = SampleSeries(self.bound_at, self._newest_sample_us(GPU_UTILIZATION_SAMPLES))
+        self.mem_samples = SampleSeries(
+            self.bound_at, self._newest_sample_us(MEMORY_UTILIZATION_SAMPLES), drops_against=self.gpu_samples)
         self.gpm_taken_at = self.read_steady = self.steady()  # read_steady: the last read's
-        # Stretches of the driver's clock ([from, to], microseconds) that a kind's samples
-        # read next leave out of their windows (Gpu._samples): the time before binding (not
-        # the job's: a driver that fills nothing while the GPU idles may keep a sample from
-        # long before, which a lone first sample would cover back to), and each poll the
-        # rate stood in for since that kind's last samples (Gpu._rate_stood: counted
-        # already). Placed by the sampler's clock; where the samples show the driver's is
-        # another (boot time, an offset), none is used, as before they were kept.
-        # (It ends a second before binding: a driver's clock a little behind the sampler's
-        # would put the job's first window inside it.)
-        before = [(self.bound_at - BEFORE_BINDING_S) * 1e6, self.bound_at * 1e6 - CLOCK_BACK_US]
-        self.covered: dict[int, list[list[float]]] = {
-            GPU_UTILIZATION_SAMPLES: [list(before)], MEMORY_UTILIZATION_SAMPLES: [list(before)]}
-        self.samples_mean = 0.0  # the last samples read: their mean as the poll's figure
         self.gpm = self._gpm_start()
         self.gpm_request: Any = gpm_request(self.nvml) if self.gpm is not None else None
         # Each result slot of the request with its name, taken once: views of its buffer
@@ -500,18 +473,18 @@ class Gpu:
                 means[name] = value
         return means, covers
 
-    def _samples(self, kind: int, now: float) -> list[tuple[float, float]] | None:
-        """Every driver sample since the last call, each weighted by the time it covers;
-        `now`: the poll's time on the driver's clock."""
+    def _samples(self, series: SampleSeries, kind: int, now: float) -> list[tuple[float, float]] | None:
+        """Every driver sample of `kind` since the last call, each weighted by the time it
+        covers (series.take); `now`: the poll's time on the driver's clock."""
         if self.is_mig or "nvmlDeviceGetSamples" in self.unsupported:
             return None
-        last = self.last_sample_us[kind]
+        last = series.last_us
         nvml = self.nvml
         try:
             _, samples = nvml.nvmlDeviceGetSamples(self.handle, kind, last or 0)
         except nvml.NVMLError_NotFound:  # none newer: most polls, _none_newer written out
             if last and now * 1e6 < last - CLOCK_BACK_US:  # _before(last), at the poll's time
-                self._stepped_back(kind, last)
+                self._stepped_back(series, kind, last)
             return []
         except nvml.NVMLError_GpuIsLost as exc:
             raise self._lost() from exc
@@ -520,72 +493,13 @@ class Gpu:
             return None
         except nvml.NVMLError as exc:
             if exc.value == NVML_SUCCESS:  # none new
-                return self._none_newer(kind, last)
+                return self._none_newer(series, kind, last)
             self._note("nvmlDeviceGetSamples", exc)
             return []
         # The header promises no order: sort by the driver's timestamp.
         # Fields read past pynvml's per-access hook (_field): a dozen samples a second
-        found = sorted((int(_field(s, "timeStamp")), float(_field(s, "sampleValue").uiVal)) for s in samples)
-        if not last:  # binding could not tell (None), or the driver had none then (0)
-            last = self._baseline([stamp for stamp, _ in found])
-        found = [(stamp, value) for stamp, value in found if stamp > last]
-        if not found:
-            self.last_sample_us[kind] = last
-            return []
-        period = _period([b - a for (a, _), (b, _) in zip(found, found[1:], strict=False)],
-                         found[0][0] - last)
-        if len(found) > 1:
-            self.driver_period_s = period / 1e6
-        if kind == MEMORY_UTILIZATION_SAMPLES:
-            self._dropped(found, last, period)
-        spans = self.covered[kind]
-        if spans and found[-1][0] < spans[-1][1] - CLOCK_BACK_US:
-            # The newest sample, made since the last stretch's end, is stamped before it:
-            # the driver's clock is behind the sampler's, and the stretches would fall on
-            # other windows than they stood for (the one before binding, on the first).
-            # Not used: counted twice, as before, rather than time left out.
-            spans.clear()
-        out = []
-        whole = weighted = 0.0  # for the poll's own figure: the mean as before this change
-        for stamp, value in found:
-            # A sample stands for the time since the one before: its window, give or take
-            # the driver's jitter (under twice the period: at 1.5, windows jittered +-40%
-            # lost 1% of the time). Twice or more (to a millisecond: stamps are whole
-            # microseconds), the buffer dropped samples between two polls, or the driver
-            # paused: that time is not stretched over.
-            gap = stamp - last
-            window: float = gap
-            if gap > 2 * period - DROP_SLACK_US:
-                window = period
-                if kind == GPU_UTILIZATION_SAMPLES and gap > 2.5 * period:
-                    # the GPU samples paused till here (more than one window: one dropped
-                    # is no pause, and must not hide the memory samples' drops, _dropped)
-                    self.util_resumed_us = stamp
-            # The poll's figure (the idle line the idle policy cancels on) weighs each
-            # window exactly as before: a gap over 1.5 periods for one period
-            seen = gap if gap <= 1.5 * period else period
-            whole += seen
-            weighted += value * seen
-            if spans:  # less the time counted already (polls faster than the driver)
-                window -= _overlap(spans, stamp - window, stamp)
-            out.append((value, window / 1e6))
-            last = stamp
-        spans.clear()
-        self.samples_mean = weighted / whole if whole else out[-1][0]
-        self.last_sample_us[kind] = last
-        return out
-
-    def _dropped(self, found: list[tuple[int, float]], last: int, period: float) -> None:
-        """Memory samples the driver dropped between two reads at the sampler's cadence (its
-        buffer held less than that): from now on, read every poll. Judged on a batch of
-        four or more, whose median gap is the driver's period, past the jitter of its
-        windows (up to +-40%). No drop where the GPU samples, read every poll, paused over
-        the same stretch: a driver that fills nothing while the GPU idles, a sampler that
-        was stopped, or the first samples after binding on an empty buffer (last 0)."""
-        first = found[0][0]
-        if (len(found) >= 4 and last and first - last > 2 * period - DROP_SLACK_US
-                and not last < self.util_resumed_us <= first):
-            self.mem_every_poll = True
+        return series.take(
+            sorted((int(_field(s, "timeStamp")), float(_field(s, "sampleValue").uiVal)) for s in samples))
 
     def _newest_sample_us(self, kind: int) -> int | None:
         """The driver's newest sample's timestamp (0: it has none, so every one to come is
@@ -601,35 +515,26 @@ class Gpu:
             return 0 if exc.value == NVML_SUCCESS else None
         return max((int(s.timeStamp) for s in samples), default=0)
 
-    def _none_newer(self, kind: int, last: int | None) -> list[tuple[float, float]]:
+    def _none_newer(self, series: SampleSeries, kind: int, last: int | None) -> list[tuple[float, float]]:
         """The driver has nothing newer than `last`. Where the clock now reads before that
         sample, it may have been stepped back (NTP), the driver's timestamps with it: if
         the driver's newest sample is older than `last` too, the samples go on from that
         one at the next poll (this poll's rate stands in), rather than none until the
         clock is back where it was."""
         if last and self._before(last):
-            self._stepped_back(kind, last)
+            self._stepped_back(series, kind, last)
         return []
 
-    def _stepped_back(self, kind: int, last: int) -> None:
+    def _stepped_back(self, series: SampleSeries, kind: int, last: int) -> None:
         """The clock reads before `last`: from the driver's newest sample on, if older."""
         newest = self._newest_sample_us(kind)
         if newest is not None and newest < last:
-            self.last_sample_us[kind] = newest
+            series.last_us = newest
 
     def _before(self, stamp_us: int) -> bool:
         """The clock reads more than a second before the driver's timestamp `stamp_us`:
         an epoch timestamp from before a step back (a boot-clock driver's never is)."""
         return self.clock() * 1e6 < stamp_us - CLOCK_BACK_US
-
-    def _baseline(self, stamps: list[int]) -> int:
-        """Where the job's samples begin. The driver's timestamps are epoch microseconds:
-        keep what came after binding. Should a driver count from elsewhere, start from
-        its newest sample rather than take history that is not the job's."""
-        newest = max(stamps, default=0)
-        if abs(newest / 1e6 - self.bound_at) < 86400:
-            return int(self.bound_at * 1e6)
-        return newest
 
     def _process_sm(self) -> dict[int, float] | None:
         """SM utilisation per process in the driver's last sample period (NVML reports
@@ -645,7 +550,7 @@ class Gpu:
         now = self.steady()
         if found:
             self.process_seen_at = now
-        elif now - self.process_seen_at < 1.5 * self.driver_period_s:
+        elif now - self.process_seen_at < 1.5 * self.driver_period_s():
             return None  # polled again within the driver's period: nothing new, not idle
         per_pid: dict[int, list[float]] = {}
         for sample in found:  # fields read past pynvml's per-access hook (_field)
@@ -693,21 +598,22 @@ class Gpu:
         if self.is_mig:
             return Reading(time=now, util=None, mem_util=None, power_w=None, energy_mj=None,
                            mem_used_bytes=mem_used, gpm=gpm, gpm_s=gpm_s, pids=pids)
-        util_samples = self._samples(GPU_UTILIZATION_SAMPLES, now)
-        util_mean = self.samples_mean if util_samples else None
+        gpu_samples = self.gpu_samples
+        util_samples = self._samples(gpu_samples, GPU_UTILIZATION_SAMPLES, now)
+        util_mean = gpu_samples.mean if util_samples else None
         util: float | None
         mem_util: float | None
-        if util_samples and not mem_samples and not self.mem_every_poll:
+        if util_samples and not mem_samples and not self.mem_samples.every_poll:
             # Left in the buffer: the next read takes them, each for its own window. No rate
             # stands in for this poll (the samples will cover its time).
             util, mem_util, mem = util_samples[-1][0], None, None
         else:
-            mem = self._samples(MEMORY_UTILIZATION_SAMPLES, now)
+            mem = self._samples(self.mem_samples, MEMORY_UTILIZATION_SAMPLES, now)
             util, mem_util = self._utilisation(util_samples, mem)
             if util_samples == [] and util is not None:  # the rate stands in for this poll
-                self._rate_stood(GPU_UTILIZATION_SAMPLES, now * 1e6, since_us)
+                gpu_samples.stood(now * 1e6, since_us)
                 if mem == [] and mem_util is not None:
-                    self._rate_stood(MEMORY_UTILIZATION_SAMPLES, now * 1e6, since_us)
+                    self.mem_samples.stood(now * 1e6, since_us)
         reading = Reading(
             now, util, mem_util, mem_used,
             None if power is None else power / 1000.0,  # power_w
@@ -723,18 +629,10 @@ class Gpu:
         self.listed = pids  # a whole read: this poll's list, for the look at the node
         return reading
 
-    def _rate_stood(self, kind: int, now_us: float, since_us: float) -> None:
-        """The rate stood for the poll's time, ending now: the samples of `kind` that
-        cover that time when they come leave it out. Measured on the monotonic clock and
-        placed at the poll (a step of the wall clock moves no stretch's length)."""
-        spans = self.covered[kind]
-        start = now_us - max(since_us, 0.0)
-        if spans and abs(spans[-1][1] - start) < 1000:  # straight after the last: one stretch
-            spans[-1][1] = now_us
-            return
-        if len(spans) >= MAX_RATE_SPANS:
-            del spans[0]  # that time may be counted twice, never left out
-        spans.append([start, now_us])
+    def driver_period_s(self) -> float:
+        """The driver's sample period as its timestamps told it (the longest by product
+        until they do)."""
+        return self.gpu_samples.period_s or self.mem_samples.period_s or DRIVER_PERIOD_S
 
     def _utilisation(self, util_samples: list[tuple[float, float]] | None,
                      mem_samples: list[tuple[float, float]] | None) -> tuple[float | None, float | None]:
@@ -768,25 +666,6 @@ def gpm_request(nvml: ModuleType) -> Any:
     for slot, metric_id in zip(request.metrics, GPM_METRICS, strict=False):
         slot.metricId = metric_id
     return request
-
-
-def _overlap(spans: list[list[float]], start: float, end: float) -> float:
-    """How much of [start, end] the spans cover (they do not overlap each other)."""
-    covered = 0.0
-    for low, high in spans:
-        covered += max(0.0, min(end, high) - max(start, low))
-    return min(covered, max(end - start, 0.0))
-
-
-def _period(gaps: list[int], first_gap: int) -> float:
-    """The driver's sample period: the median gap between its timestamps. Not the
-    smallest: one short, jittered gap would cap every sample's weight. A lone sample's is
-    its own gap (a driver may fill windows further apart while the GPU idles: a period
-    learnt under load would cut them)."""
-    if not gaps:
-        return float(first_gap)
-    gaps = sorted(gaps)
-    return float(gaps[len(gaps) // 2])
 
 
 def steady_clock(time_scale: float) -> Callable[[], float]:

@@ -58,7 +58,7 @@ ENERGY_EVERY_S = 10.0
 # Unlike the GPU samples (the idle policy's figure every poll), nothing reads the memory
 # figure between summaries, so it is read at this cadence and at the poll before each
 # summary; a GPU whose driver dropped samples at this cadence is read every poll from then
-# on (Gpu.mem_every_poll).
+# on (SampleSeries.every_poll).
 MEM_SAMPLES_EVERY_S = 5.0
 
 

@@ -224,11 +224,11 @@ def test_a_buffer_shorter_than_the_cadence_is_read_every_poll(
         sim_node.now += 1.0
         short.read(mem_samples=False)
         long.read(mem_samples=False)
-    assert not short.mem_every_poll and reads == []
+    assert not short.mem_samples.every_poll and reads == []
     sim_node.now += 1.0
     dropped = short.read().mem_util_samples
-    assert dropped is not None and len(dropped) == 4 and short.mem_every_poll
-    assert len(long.read().mem_util_samples or []) == 12 and not long.mem_every_poll
+    assert dropped is not None and len(dropped) == 4 and short.mem_samples.every_poll
+    assert len(long.read().mem_util_samples or []) == 12 and not long.mem_samples.every_poll
     reads.clear()
     for _ in range(3):
         sim_node.now += 1.0
@@ -270,7 +270,7 @@ def test_a_pause_in_the_driver_s_samples_is_no_drop(
     for poll in range(12):
         sim_node.now += 1.0
         gpu.read(mem_samples=poll % 5 == 0)
-    assert not gpu.mem_every_poll
+    assert not gpu.mem_samples.every_poll
 
 
 def test_utilisation_falls_back_to_rates_without_driver_samples(

@@ -178,7 +178,8 @@ def loaded_after(code: str) -> dict[str, bool]:
 
 @pytest.mark.parametrize(
     "module", ["slurm_gpu_eff.node.hooks", "slurm_gpu_eff.node.sampler", "slurm_gpu_eff.node.gpu",
-               "slurm_gpu_eff.node.gpustats", "slurm_gpu_eff.node.live", "slurm_gpu_eff.node.orphan"],
+               "slurm_gpu_eff.node.gpustats", "slurm_gpu_eff.node.live", "slurm_gpu_eff.node.orphan",
+               "slurm_gpu_eff.node.samples"],
 )
 def test_hot_path_imports_stay_light(module: str) -> None:
     assert loaded_after(f"import {module}") == dict.fromkeys(HEAVY, False)

@@ -1,7 +1,8 @@
-"""Polls faster than the driver's sample period (node/gpu.py, Gpu.covered): a poll that
-finds no new sample lets the rate stand for its time, and the sample that comes next covers
-only the rest of its window, so that each second is counted once. Before, the sample
-covered its whole window again: utilisation seconds +50% at 0.5 s polls of a 1 s driver."""
+"""Polls faster than the driver's sample period (node/samples.py, SampleSeries.covered): a
+poll that finds no new sample lets the rate stand for its time, and the sample that comes
+next covers only the rest of its window, so that each second is counted once. Before, the
+sample covered its whole window again: utilisation seconds +50% at 0.5 s polls of a 1 s
+driver."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from slurm_gpu_eff.node.gpu import MAX_RATE_SPANS, _overlap
 from slurm_gpu_eff.node.gpustats import GpuStats
+from slurm_gpu_eff.node.samples import MAX_RATE_SPANS, SampleSeries, _overlap
 
 from .conftest import BOOT, SIM_DEVICES
 from .test_gpu import driver_fills_nothing
@@ -66,7 +67,8 @@ def test_each_second_is_counted_once(sim_node: Any, minor: int, step: float) -> 
     stats = polled(sim_node, minor, [step] * round(600 / step))
     period = 1.0 if minor == 2 else 0.5
     # kept only till the kind's next samples: the polls since its last ones, no more
-    kept = [high for spans in stats.gpu.covered.values() for _, high in spans]
+    gpu = stats.gpu
+    kept = [high for spans in (gpu.gpu_samples.covered, gpu.mem_samples.covered) for _, high in spans]
     assert all(high / 1e6 > sim_node.now - 2 * period for high in kept)
     util = stats.stat("util")
     assert stats.seconds - period <= util.seconds <= stats.seconds + BEFORE
@@ -224,6 +226,24 @@ def test_overlap_and_stretches() -> None:
     assert MAX_RATE_SPANS >= 8
 
 
+def test_a_series_alone_without_nvml() -> None:
+    """SampleSeries is arithmetic on the driver's timestamps (microseconds): what the poll's
+    rate stood for leaves each later window, the first sample after binding on an empty
+    buffer counts from binding, and a gap of two periods (less the stamps' rounding) is one
+    window, not stretched over."""
+    bound = 1_000_000.0  # seconds
+    s = bound * 1e6
+    series = SampleSeries(bound, 0)
+    assert series.take([(int(s - 5e6), 90.0), (int(s + 1e6), 40.0)]) == [(40.0, 1.0)]  # from binding
+    series.stood(s + 1.5e6, 0.5e6)  # a poll half a window on: the rate stood for (1, 1.5]
+    assert series.take([(int(s + 2e6), 60.0)]) == [(60.0, 0.5)]
+    assert series.mean == 60.0  # the poll's own figure: the whole window, as before
+    later = [(s + 3e6, 10.0), (s + 4e6, 15.0), (s + 6e6 - 500, 20.0), (s + 7e6 - 500, 30.0)]
+    taken = series.take([(int(stamp), value) for stamp, value in later])
+    assert taken == [(10.0, 1.0), (15.0, 1.0), (20.0, 1.0), (30.0, 1.0)]  # the 2 s gap: one window
+    assert series.period_s == 1.0 and series.covered == []
+
+
 @pytest.mark.parametrize("pattern", [(0.5, 1.5), (0.25, 1.75)])
 def test_a_short_blip_still_ends_an_idle_stretch(sim_node: Any, pattern: tuple[float, float]) -> None:
     """20 s idle, a 1 s blip at 12%, 20 s idle, polled unevenly: the poll that reads the
@@ -257,7 +277,7 @@ def test_one_memory_sample_dropped_a_read_turns_on_reads_every_poll(sim_node: An
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
     stats = polled(sim_node, 2, [1.0] * 600, mem_every=5)
-    assert stats.gpu.mem_every_poll
+    assert stats.gpu.mem_samples.every_poll
     assert stats.stat("mem_util").seconds >= stats.seconds - 6.0
 
 
@@ -270,7 +290,7 @@ def test_one_gpu_sample_dropped_a_poll_is_no_pause(sim_node: Any) -> None:
     sim_node.write_state(2, wave(), started_at=START - 5.0)
     sim_node.now = START
     stats = polled(sim_node, 2, [1.0] * 300, mem_every=5)
-    assert stats.gpu.mem_every_poll and stats.stat("mem_util").seconds >= 0.8 * stats.seconds
+    assert stats.gpu.mem_samples.every_poll and stats.stat("mem_util").seconds >= 0.8 * stats.seconds
 
 
 def test_the_idle_line_reads_each_poll_as_before(sim_node: Any) -> None:

@@ -134,7 +134,7 @@ def test_the_energy_counter_and_memory_samples_read_by_cadence_give_the_same_fig
     moves is the time counted: where this scenario polls faster than the driver's period
     (0.25 s steps), a poll that finds no new GPU sample reads the memory samples and,
     none new either, lets the rate stand for its time (the next samples cover only the rest
-    of their windows, Gpu.covered); by cadence they may come in the same poll instead; and
+    of their windows, SampleSeries.covered); by cadence they may come in the same poll instead; and
     a short batch of jittered samples is judged by a period a longer batch's median puts
     elsewhere. So the memory figure's time is within half a second of what it was and of
     the time sampled, and its mean moves by a rate that stood for the sample's value."""
