@@ -280,11 +280,13 @@ class GpuStats:
             elif job is not None:
                 others = others or set()
                 others.add(f"job {job}" if job else "processes outside any job")
+                if not job:
+                    mine += 1  # no job's: may serve ours (an MPS server lists, its clients not)
             else:
                 mine += 1  # whose it is cannot be read (gone already): it may be ours
-        # For "did the job ever open this GPU": another job's process, or a stray outside
-        # any job (one the job before left, that Slurm could not kill), opened nothing of
-        # this job's, and a GPU it never opened gets the plainer hint.
+        # For "did the job ever open this GPU": another job's process (one the job before
+        # left behind, stuck in its cgroup as Slurm could not kill it) opened nothing of
+        # this job's. Only then does a report say "never opened by the job".
         self.job_processes = mine
         if others:
             self.shared_s = (self.shared_s or 0.0) + seconds

@@ -74,7 +74,8 @@ class GpuLine:
 
     @property
     def never_used(self) -> bool:
-        """No compute process ever ran on it (known only where processes are readable)."""
+        """No compute process of the job ever ran on it (another job's does not count; one
+        whose job cannot be told does): known only where processes are readable."""
         return self.summary is not None and self.summary.processes_max == 0
 
     @property

@@ -1178,6 +1178,22 @@ def test_a_killed_workloads_pid_taken_by_another_process_is_not_listed(node: Nod
     assert procs(h) == []
 
 
+def test_past_its_phases_before_its_end_is_written_a_workload_keeps_its_last_phases_processes(
+    node: Node,
+) -> None:
+    """The workload writes its end a moment after its profile's time is up (CI saw a poll in
+    that moment list a process on a GPU whose profile runs none: 'opened')."""
+    profile = {"phases": [{"seconds": 10, "gpus": {"0": {"util": 90}, "1": {"util": 0, "processes": 0}}}]}
+    started = process_start(os.getpid())
+    for minor in (0, 1):
+        node.write_state(minor, profile, started_at=BOOT + 990.0, position=minor, pid=os.getpid(),
+                         pid_start=started)
+    pynvml.nvmlInit()
+    for now in (BOOT + 995.0, BOOT + 1000.1, BOOT + 1030.0):
+        node.now = now
+        assert procs(handle(0)) == [(os.getpid(), 0)] and procs(handle(1)) == [], now
+
+
 def test_process_start_reads_a_name_with_spaces_and_parentheses(tmp_path: Path) -> None:
     link = tmp_path / "a) b (c"
     link.symlink_to(shutil.which("sleep") or "/bin/sleep")
@@ -1650,7 +1666,8 @@ def junk_states() -> list[str]:
         "", "null", "[]", "{}", "[" * 100_000, '{"phases": ' + "[" * 70 + "]" * 70 + "}",
         rng.randbytes(4096).decode("latin-1"), json.dumps({**good, "started_at": "soon"}),
         json.dumps({**good, "phases": {}}), json.dumps({**good, "ended_at": "later"}),
-        json.dumps({**good, "pid": 1.5}), json.dumps({**good, "phases": [{"seconds": 1}]}),
+        json.dumps({**good, "pid": 1.5}), json.dumps({**good, "pid_start": -1}),
+        json.dumps({**good, "phases": [{"seconds": 1}]}),
         json.dumps({**good, "phases": [{**good["phases"][0], "levels": {"util": [1, 2]}}]}),
         json.dumps({**good, "phases": [{**good["phases"][0], "levels": {"util": [0, 100, 1, 2]}}]}),
         json.dumps({**good, "phases": [{**good["phases"][0], "xid": [-1]}]}),

@@ -606,6 +606,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t
 static unsigned list_processes(struct nvmlDevice_st *d, double t, nvmlProcessInfo_t *out)
 {
     const struct phase *phase = target_phase_at(d, t);
+    const struct workload *running = target_workload(d);
+    if (phase == NULL && running != NULL && running->n_phases > 0)
+        /* past its phases, before the workload has written its end: as its last phase left it
+         * (a GPU the job never opened is not opened as the job's work ends) */
+        phase = &running->phases[running->n_phases - 1];
     int count = 0;
     if (target_running(d, t)) {
         if (phase != NULL && phase->processes >= 0)

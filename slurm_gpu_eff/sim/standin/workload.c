@@ -150,12 +150,13 @@ static bool read_phase(const struct json *item, struct phase *phase)
            && read_throttle(json_get(item, "throttle"), phase) && read_xids(json_get(item, "xid"), phase);
 }
 
-/* An optional whole number (null or absent: not there). */
+/* An optional whole number, 0 or more (null or absent: not there). */
 static bool read_integer(const struct json *item, bool *has, long long *value)
 {
     if (item == NULL || item->type == JSON_NULL)
         return true;
-    if (item->type != JSON_NUMBER || item->number != floor(item->number) || fabs(item->number) > 1e15)
+    if (item->type != JSON_NUMBER || item->number != floor(item->number) || item->number < 0
+        || item->number > 1e15)
         return false;
     *has = true;
     *value = (long long)item->number;
