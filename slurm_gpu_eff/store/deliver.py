@@ -274,16 +274,16 @@ def deliver_until_done(
         return None  # a retrier is at work on this spool already
 
 
-Written = tuple[str, str, str]  # our part written into the database: job id, cluster, the part
+Written = tuple[str, str, float]  # a run whose part was written into the database: job id, cluster, run
 
 
 @dataclass(frozen=True)
 class Mirror:
     """The AdminComment mirror: `after_pass` writes what one delivery pass stored and
-    returns the lines it wrote into the database; `recheck` reads those back once, after
-    the spool's lock is let go (see admin_comments)."""
+    returns the runs it wrote into the database; `recheck` looks at those again once,
+    after the spool's lock is let go (see admin_comments)."""
     after_pass: Callable[[Store, Delivery, Spool, HookLog], list[Written]]
-    recheck: Callable[[list[Written], HookLog], None]
+    recheck: Callable[[list[Written], HookLog, Callable[[], Store]], None]
 
 
 def attempt_options(config: Config) -> dict[str, Any]:
@@ -327,7 +327,7 @@ def _attempt(spool: Spool, open_store: Callable[[], Store], log: HookLog,
                 break
     finally:
         if written and mirror is not None:
-            mirror.recheck(written, log)
+            mirror.recheck(written, log, open_store)
     for path in total.dead:
         log.write(f"the store rejected a summary; kept in {path} with the reason")
     for path in total.set_aside:
@@ -374,38 +374,45 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
     comment_field = config.comment_field
     write = slurm.set_comment
 
-    def line(job_id: str, run: float, every: list[NodeSummary]) -> tuple[str, str, str]:
-        """Our part, the field to write (as it stands, with our part in it), and the id to
-        write it with (an array task's own)."""
+    def line(job_id: str, run: float, every: list[NodeSummary]) -> tuple[str, Comment]:
+        """Our part, and the field as it stands (its text; the id to write it with: an
+        array task's own)."""
         now = slurm.comment(job_id, owner=True)
         summaries, others = same_job(every, run)
         check_owner(job_id, now, summaries)
         room = MAX_CHARS - len(site_text(now.text)) - 1  # a site's own text counts too
         ours = admin_comment(summaries, allocated_gpus(now.tres) if now.tres else None, room,
                              earlier=others, alloc_mem=parse_tres(now.tres).get("mem") if now.tres else None)
-        return ours, with_site_text(now.text, ours), now.task
+        return ours, now
 
     def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> Written | None:
-        ours, text, task = line(job_id, run, store.node_summaries(job_id, cluster))
-        where = write(task, cluster, text)
+        ours, now = line(job_id, run, store.node_summaries(job_id, cluster))
+        where = write(now.task, cluster, with_site_text(now.text, ours))
         _forget(spool, cluster, job_id)
-        return (task, cluster, ours) if where == "slurmdbd" else None
+        return (job_id, cluster, run) if where == "slurmdbd" else None
 
-    def recheck(written: list[Written], log: HookLog) -> None:
+    def recheck(written: list[Written], log: HookLog, open_store: Callable[[], Store]) -> None:
         """A job's end record may still be on its way to slurmdbd, carrying slurmctld's
-        older copy over what was written into the database: look again, once for all the
-        jobs of a delivery (a wait per job, under the spool's lock, made a node where a
-        dozen jobs ended together mirror the last one a minute late), and put our part back
-        into the field as it stands then: never the text written 5 s ago, over what a
-        site's tool or an admin wrote since."""
+        older copy over what was written into the database; and a job's nodes deliver at
+        once, each writing the field from the summaries the store had when it read them
+        (the last to write may have read before another node's final came). Look again,
+        once for all the jobs of a delivery (a wait per job, under the spool's lock, made a
+        node where a dozen jobs ended together mirror the last one a minute late), and put
+        our part, made again from what the store holds now, into the field as it stands
+        then: never the part written 5 s ago (CI saw a three-node job's line left with two
+        nodes 'running'), never over what a site's tool or an admin wrote since."""
         sleep(MIRROR_RECHECK_S)
-        for task, cluster, ours in written:
-            try:
-                now = slurm.comment(task).text
-                if (our_part(now) or "").lower() != ours.lower():
-                    write(task, cluster, with_site_text(now, ours))
-            except GpuEffError as exc:
-                log.write(f"job {task}: its {comment_field} was not written: {exc}")
+        try:
+            with open_store() as store:
+                for job_id, cluster, run in written:
+                    try:
+                        ours, now = line(job_id, run, store.node_summaries(job_id, cluster))
+                        if (our_part(now.text) or "").lower() != ours.lower():
+                            write(now.task, cluster, with_site_text(now.text, ours))
+                    except GpuEffError as exc:
+                        log.write(f"job {job_id}: its {comment_field} was not written: {exc}")
+        except StoreError as exc:
+            log.write(f"the {comment_field} of {len(written)} job(s) was not looked at again: {exc}")
 
     def live(store: Store, cluster: str, job_id: str, run: float, spool: Spool, node: str) -> None:
         every = store.node_summaries(job_id, cluster)
@@ -414,8 +421,8 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
             return  # the job is ending, or another of its nodes mirrors it
         if not _due(spool, cluster, job_id, config.live_mirror_s, clock()):
             return
-        _, text, task = line(job_id, run, every)
-        write(task, cluster, text, running=True)
+        ours, now = line(job_id, run, every)
+        write(now.task, cluster, with_site_text(now.text, ours), running=True)
 
     def after_pass(store: Store, now: Delivery, spool: Spool, log: HookLog) -> list[Written]:
         ended = {(s.cluster, s.job_id, run_of(s)) for s in now.finals}
