@@ -386,10 +386,16 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         return ours, now
 
     def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> Written | None:
-        ours, now = line(job_id, run, store.node_summaries(job_id, cluster))
+        every = store.node_summaries(job_id, cluster)
+        ours, now = line(job_id, run, every)
         where = write(now.task, cluster, with_site_text(now.text, ours))
         _forget(spool, cluster, job_id)
-        return (job_id, cluster, run) if where == "slurmdbd" else None
+        # Looked at again (recheck) where the database took it, and wherever the job's other
+        # nodes write too: through slurmctld, the last write is what the job's end record
+        # carries, and its node may have read the store before another's final came.
+        several = len({s.node for s in every if run_of(s) == run}) > 1 or (
+            parse_tres(now.tres).get("node", 1) > 1 if now.tres else False)
+        return (job_id, cluster, run) if where == "slurmdbd" or several else None
 
     def recheck(written: list[Written], log: HookLog, open_store: Callable[[], Store]) -> None:
         """A job's end record may still be on its way to slurmdbd, carrying slurmctld's

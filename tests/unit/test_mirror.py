@@ -237,15 +237,38 @@ def deliver_two_nodes(tmp_path: Path, config: Config, make_summary: Factory) -> 
 
 
 def test_while_slurmctld_holds_the_job_the_line_goes_through_it_after_the_sites_text(
-    tmp_path: Path, make_summary: Factory,
+    tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Checked on Slurm 22.05: the job's end record carries slurmctld's AdminComment into
-    the database over anything written there before; so slurmctld's copy first."""
+    the database over anything written there before; so slurmctld's copy first. A job of
+    several nodes is looked at again (its other nodes write too): slurmctld's copy is not
+    in the database yet, so the part goes through slurmctld again, made from the store."""
+    from slurm_gpu_eff.store import deliver as module
+
+    monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
     config = fake_slurm(tmp_path, database="ticket 4711: node rebooted")
     stored = deliver_two_nodes(tmp_path, config, make_summary)
     assert calls(tmp_path) == [
-        OWNED, f"scontrol update jobid=4242 AdminComment=ticket 4711: node rebooted {LINE}"]
+        OWNED, f"scontrol update jobid=4242 AdminComment=ticket 4711: node rebooted {LINE}"] * 2
     assert dicts(figures(written(tmp_path))) == dicts(digest(stored))
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_through_slurmctld_a_job_is_looked_at_again_only_where_other_nodes_write(
+    tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch, nodes: int,
+) -> None:
+    """One node's summary in the store: Slurm's TRES says whether other nodes will write."""
+    from slurm_gpu_eff.store import deliver as module
+
+    monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
+    monkeypatch.setitem(globals(), "TRES", TRES.replace("node=1", f"node={nodes}"))
+    spool = Spool(str(tmp_path / "spool"))
+    spool.post(make_summary(node="gpu1", utils=(90.0, 10.0)))
+    log = HookLog(str(tmp_path / "log"), "-", "deliver")
+    store = str(tmp_path / "gpueff.db")
+    deliver_until_done(spool, lambda: SqliteStore(store), fake_slurm(tmp_path), log)
+    line = LINE.replace("nodes=2", "nodes=1")
+    assert calls(tmp_path) == [OWNED, f"scontrol update jobid=4242 AdminComment={line}"] * nodes
 
 
 def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_overtaken(
