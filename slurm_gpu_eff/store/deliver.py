@@ -274,7 +274,9 @@ def deliver_until_done(
         return None  # a retrier is at work on this spool already
 
 
-Written = tuple[str, str, float]  # a run whose part was written into the database: job id, cluster, run
+# A run whose part was written, to look at again: job id, cluster, run, where the write
+# went ("slurmctld" or "slurmdbd"), and the run's summaries it was made from (run_state)
+Written = tuple[str, str, float, str, tuple[tuple[str, str, float | None], ...]]
 
 
 @dataclass(frozen=True)
@@ -395,30 +397,52 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         # carries, and its node may have read the store before another's final came.
         several = len({s.node for s in every if run_of(s) == run}) > 1 or (
             parse_tres(now.tres).get("node", 1) > 1 if now.tres else False)
-        return (job_id, cluster, run) if where == "slurmdbd" or several else None
+        if where == "slurmdbd" or several:
+            return job_id, cluster, run, where, run_state(every, run)
+        return None
 
     def recheck(written: list[Written], log: HookLog, open_store: Callable[[], Store]) -> None:
         """A job's end record may still be on its way to slurmdbd, carrying slurmctld's
         older copy over what was written into the database; and a job's nodes deliver at
         once, each writing the field from the summaries the store had when it read them
-        (the last to write may have read before another node's final came). Look again,
-        once for all the jobs of a delivery (a wait per job, under the spool's lock, made a
-        node where a dozen jobs ended together mirror the last one a minute late), and put
-        our part, made again from what the store holds now, into the field as it stands
-        then: never the part written 5 s ago (CI saw a three-node job's line left with two
-        nodes 'running'), never over what a site's tool or an admin wrote since."""
-        sleep(MIRROR_RECHECK_S)
+        (the last to write may have read before another node's final came: CI saw a
+        three-node job's line left with two nodes 'running'). Look again, for all the jobs
+        of a delivery at once (a wait per job, under the spool's lock, made a node where a
+        dozen jobs ended together mirror the last one a minute late), MIRROR_RECHECK_S
+        after the write, and again after each write a look makes, up to MIRROR_RECHECKS
+        looks (look_again)."""
+        pending = list(written)
+        for _ in range(MIRROR_RECHECKS):
+            if not pending:
+                return
+            sleep(MIRROR_RECHECK_S)
+            try:
+                with open_store() as store:
+                    pending = [w for w in (look_again(store, w, log) for w in pending) if w is not None]
+            except StoreError as exc:
+                log.write(f"the {comment_field} of {len(pending)} job(s) was not looked at again: {exc}")
+                return
+
+    def look_again(store: Store, written: Written, log: HookLog) -> Written | None:
+        """Our part made again from what the store holds now, put into the field as it
+        stands then (never the part written before, never over what a site's tool or an
+        admin wrote since); the write to look at again, or None when none was needed.
+        Through slurmctld the field cannot be read back (sacct shows the database's), so
+        there a write is needed only where the store has more than the write was made
+        from: a node that wrote later from less looks again itself."""
+        job_id, cluster, run, where, state = written
+        every = store.node_summaries(job_id, cluster)
+        if where == "slurmctld" and run_state(every, run) == state:
+            return None
         try:
-            with open_store() as store:
-                for job_id, cluster, run in written:
-                    try:
-                        ours, now = line(job_id, run, store.node_summaries(job_id, cluster))
-                        if (our_part(now.text) or "").lower() != ours.lower():
-                            write(now.task, cluster, with_site_text(now.text, ours))
-                    except GpuEffError as exc:
-                        log.write(f"job {job_id}: its {comment_field} was not written: {exc}")
-        except StoreError as exc:
-            log.write(f"the {comment_field} of {len(written)} job(s) was not looked at again: {exc}")
+            ours, now = line(job_id, run, every)
+            if where == "slurmdbd" and (our_part(now.text) or "").lower() == ours.lower():
+                return None
+            where = write(now.task, cluster, with_site_text(now.text, ours))
+        except GpuEffError as exc:
+            log.write(f"job {job_id}: its {comment_field} was not written: {exc}")
+            return None
+        return job_id, cluster, run, where, run_state(every, run)
 
     def live(store: Store, cluster: str, job_id: str, run: float, spool: Spool, node: str) -> None:
         every = store.node_summaries(job_id, cluster)
@@ -500,6 +524,13 @@ def _mirrored(spool: Spool, cluster: str, job_id: str) -> str:
 
 
 MIRROR_RECHECK_S = 5.0
+MIRROR_RECHECKS = 3  # looks at most: the first, and one after each of two writes
+
+
+def run_state(every: list[NodeSummary], run: float) -> tuple[tuple[str, str, float | None], ...]:
+    """What the store holds of a run, as far as our part shows it: each node's status and
+    how far its figures reach."""
+    return tuple(sorted((s.node, s.status, s.sampled_until) for s in every if run_of(s) == run))
 
 
 @dataclass

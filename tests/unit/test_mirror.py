@@ -241,34 +241,48 @@ def test_while_slurmctld_holds_the_job_the_line_goes_through_it_after_the_sites_
 ) -> None:
     """Checked on Slurm 22.05: the job's end record carries slurmctld's AdminComment into
     the database over anything written there before; so slurmctld's copy first. A job of
-    several nodes is looked at again (its other nodes write too): slurmctld's copy is not
-    in the database yet, so the part goes through slurmctld again, made from the store."""
+    several nodes is looked at again (its other nodes write too): where the store holds
+    nothing newer than the write was made from, there is nothing to write again."""
     from slurm_gpu_eff.store import deliver as module
 
     monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
     config = fake_slurm(tmp_path, database="ticket 4711: node rebooted")
     stored = deliver_two_nodes(tmp_path, config, make_summary)
     assert calls(tmp_path) == [
-        OWNED, f"scontrol update jobid=4242 AdminComment=ticket 4711: node rebooted {LINE}"] * 2
+        OWNED, f"scontrol update jobid=4242 AdminComment=ticket 4711: node rebooted {LINE}"]
     assert dicts(figures(written(tmp_path))) == dicts(digest(stored))
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_through_slurmctld_a_job_is_looked_at_again_only_where_other_nodes_write(
-    tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch, nodes: int,
+    tmp_path: Path, make_summary: Factory, nodes: int,
 ) -> None:
-    """One node's summary in the store: Slurm's TRES says whether other nodes will write."""
+    """Our node's summary alone in the store when it writes: Slurm's TRES says whether other
+    nodes will write. Another node's final comes during the wait: a job of two nodes writes
+    its part again, with both; a job of one node is not looked at (no other node writes)."""
     from slurm_gpu_eff.store import deliver as module
 
-    monkeypatch.setattr(module, "MIRROR_RECHECK_S", 0.0)
+    monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setitem(globals(), "TRES", TRES.replace("node=1", f"node={nodes}"))
     spool = Spool(str(tmp_path / "spool"))
-    spool.post(make_summary(node="gpu1", utils=(90.0, 10.0)))
+    spool.post(make_summary(node="gpu1", utils=(90.0,)))
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
     store = str(tmp_path / "gpueff.db")
-    deliver_until_done(spool, lambda: SqliteStore(store), fake_slurm(tmp_path), log)
-    line = LINE.replace("nodes=2", "nodes=1")
-    assert calls(tmp_path) == [OWNED, f"scontrol update jobid=4242 AdminComment={line}"] * nodes
+
+    def sleep(seconds: float) -> None:
+        with SqliteStore(store) as opened:
+            opened.put(make_summary(node="gpu2", utils=(10.0,)))
+
+    try:
+        module._attempt(spool, lambda: SqliteStore(store), log,
+                        mirror=admin_comments(fake_slurm(tmp_path), sleep=sleep))
+    finally:
+        monkeypatch.undo()
+    one = LINE.replace("nodes=2 gpus=2", "nodes=1 gpus=1").replace("90.0,10.0", "90.0").replace(
+        "util=50.0", "util=90.0").replace("energy_kwh=0.500", "energy_kwh=0.250")
+    assert calls(tmp_path)[:2] == [OWNED, f"scontrol update jobid=4242 AdminComment={one}"]
+    again = [OWNED, f"scontrol update jobid=4242 AdminComment={LINE}"]  # both nodes' now
+    assert calls(tmp_path)[2:] == ([] if nodes == 1 else again)
 
 
 def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_overtaken(
@@ -280,9 +294,9 @@ def test_a_finished_job_gets_it_in_the_database_read_back_and_written_again_if_o
     config = fake_slurm(tmp_path, scontrol="error:Job has already finished for job 4242",
                         kept=False)  # the end record overtook our write: nothing there
     deliver_two_nodes(tmp_path, config, make_summary)
+    # each look finds it gone (the fake's end record overtakes every write), up to the bound
     assert calls(tmp_path) == [
-        OWNED, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE,
-        OWNED, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE]  # the recheck: whose, too
+        OWNED, f"scontrol update jobid=4242 AdminComment={LINE}", DATABASE] * (1 + module.MIRROR_RECHECKS)
 
 
 def test_jobs_ending_together_are_read_back_after_one_wait_with_the_spool_let_go(
@@ -290,7 +304,8 @@ def test_jobs_ending_together_are_read_back_after_one_wait_with_the_spool_let_go
 ) -> None:
     """Four jobs of one node delivered together: all four lines written, then one wait
     (not one per job, under the lock: the last job's line came a minute late), then each
-    read back; the spool is free during the wait."""
+    read back; the spool is free during the wait. (The fake's database is one field for all
+    four jobs: each read finds another job's line, so the looks go on to their bound.)"""
     from slurm_gpu_eff.store import deliver as module
 
     config = fake_slurm(tmp_path, scontrol="error:Job has already finished")
@@ -311,9 +326,10 @@ def test_jobs_ending_together_are_read_back_after_one_wait_with_the_spool_let_go
     mirror = admin_comments(config, sleep=sleep)
     result = module._attempt(spool, lambda: SqliteStore(store), log, mirror=mirror)
     assert result is not None and result.delivered == 4
-    assert waits == [module.MIRROR_RECHECK_S]
+    assert waits == [module.MIRROR_RECHECK_S] * module.MIRROR_RECHECKS  # a wait a look, for all
     made = calls(tmp_path)
-    before, after = made[:made.index("WAIT")], made[made.index("WAIT") + 1:]
+    first = made.index("WAIT")
+    before, after = made[:first], made[first + 1:made.index("WAIT", first + 1)]
     assert [c.split("jobid=")[1].split()[0] for c in before if c.startswith("sacctmgr")] == jobs
     assert [c.split()[2] for c in after if c.startswith("sacct ")] == jobs  # each read back
 
@@ -458,7 +474,8 @@ def test_finding_7_the_recheck_puts_our_part_into_the_field_as_it_stands_then(
     config = fake_slurm(tmp_path, scontrol="error:Job has already finished", database="ticket 4711")
 
     def sleep(seconds: float) -> None:
-        (tmp_path / "database").write_text("JS1:H4sIAAAA")  # another tool's newer write
+        if "js1:" not in (tmp_path / "database").read_text().lower():
+            (tmp_path / "database").write_text("JS1:H4sIAAAA")  # another tool's newer write
 
     spool = Spool(str(tmp_path / "spool"))
     spool.post(make_summary(node="gpu1", utils=(90.0, 10.0)))
@@ -470,37 +487,68 @@ def test_finding_7_the_recheck_puts_our_part_into_the_field_as_it_stands_then(
     assert writes == [f"ticket 4711 {ours}", f"JS1:H4sIAAAA {ours}"]
 
 
+@pytest.mark.parametrize(("path", "when"), [
+    ("slurmdbd", "wait"), ("slurmdbd", "final"), ("slurmdbd", "recheck"), ("slurmctld", "final"),
+])
 def test_the_nodes_of_a_job_ending_together_leave_every_nodes_final_part_in_the_field(
-    tmp_path: Path, make_summary: Factory,
+    tmp_path: Path, make_summary: Factory, monkeypatch: pytest.MonkeyPatch, path: str, when: str,
 ) -> None:
     """A three-node job's nodes deliver at once, each writing the field from what the store
-    held when it read: gpu3 read before gpu1's and gpu2's finals came (they were running
-    there) and wrote first; gpu1 and gpu2 wrote after it, gpu2 the whole job. gpu3's recheck
-    came last. It put back the part it had written, with two nodes 'running' for good (CI,
-    Slurm 24.11: a user's report stayed partial); it now makes the part again from what the
-    store holds then."""
+    held when it read. gpu3 reads first, while gpu1 and gpu2 were running; they deliver
+    whole (final and recheck) during gpu3's wait, or between its store read and its write
+    (its final's, or its recheck's sacct slow). gpu3 put back the part it had written, with
+    two nodes 'running' for good (CI, Slurm 24.11: a user's report stayed partial); its
+    looks now make the part again from what the store holds, and look again after a write
+    (a helper's probe: a recheck slow between its read and its write left the same)."""
+    from slurm_gpu_eff.slurm import access
     from slurm_gpu_eff.store import deliver as module
 
+    monkeypatch.setitem(globals(), "TRES", TRES.replace("node=1", "node=3"))
     store = str(tmp_path / "gpueff.db")
     with SqliteStore(store) as opened:
         for node in ("gpu1", "gpu2"):
             opened.put(make_summary(node=node, status=RUNNING, sampled_until=BOOT + 1800))
     log = HookLog(str(tmp_path / "log"), "-", "deliver")
+    scontrol = "error:Job has already finished" if path == "slurmdbd" else ""
+    reads = [0]
+    real_connect = access.connect
 
-    def node_delivers(node: str, sleep: Callable[[float], None]) -> None:
+    def node_delivers(node: str, sleep: Callable[[float], None], hook: bool = False) -> None:
         spool = Spool(str(tmp_path / f"spool-{node}"))
         spool.post(make_summary(node=node))
-        config = fake_slurm(tmp_path, scontrol="error:Job has already finished",
-                            database=(tmp_path / "database").read_text())
-        module._attempt(spool, lambda: SqliteStore(store), log, mirror=admin_comments(config, sleep=sleep))
+        config = fake_slurm(tmp_path, scontrol=scontrol, database=(tmp_path / "database").read_text())
 
-    def others_deliver(seconds: float) -> None:  # while gpu3's recheck waits
+        def connect(*args: Any, **kwargs: Any) -> Any:
+            slurm = real_connect(*args, **kwargs)
+            read = slurm.comment
+
+            def comment(job_id: str, owner: bool = False) -> Any:  # gpu3's store read is done
+                reads[0] += 1
+                if reads[0] == {"final": 1, "recheck": 2}.get(when):
+                    others_deliver(0.0)
+                return read(job_id, owner)
+
+            slurm.comment = comment  # type: ignore[method-assign]
+            return slurm
+
+        with monkeypatch.context() as patch:
+            if hook:
+                patch.setattr(access, "connect", connect)
+            mirror = admin_comments(config, sleep=sleep)
+        module._attempt(spool, lambda: SqliteStore(store), log, mirror=mirror)
+
+    def others_deliver(seconds: float) -> None:
         for node in ("gpu1", "gpu2"):
             node_delivers(node, lambda s: None)
 
     (tmp_path / "database").write_text("")
-    node_delivers("gpu3", others_deliver)
-    carried = figures((tmp_path / "database").read_text())
+    node_delivers("gpu3", others_deliver if when == "wait" else (lambda s: None), hook=True)
+    if path == "slurmdbd":
+        field = (tmp_path / "database").read_text()
+    else:  # what the job's end record carries: slurmctld's last
+        field = written(tmp_path)
+    carried = figures(field)
+    assert reads[0] >= 2  # a look read the field: the "recheck" case's hook was reached
     assert carried is not None and sorted((s.node, s.status) for s in carried) == [
         ("gpu1", "complete"), ("gpu2", "complete"), ("gpu3", "complete")]
 
