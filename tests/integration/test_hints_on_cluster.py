@@ -70,7 +70,11 @@ def util_tolerance(cluster: Cluster, ran: Ran) -> float:
 
 
 def check_idle(cluster: Cluster, ran: Ran, hint: dict[str, Any]) -> None:
-    assert hint["evidence"]["gpus_idle"] == 1 and hint["evidence"]["gpus_never_opened"] == 1
+    # On failure, what the sampler saw of the GPUs' processes (CI once read the idle GPU
+    # 'opened': the stand-in listed a process past the workload's phases)
+    seen = ([(g["minor"], g.get("processes_max"), g.get("shared_with")) for g in ran.data["gpus"]],
+            ran.data.get("binding"))
+    assert hint["evidence"]["gpus_idle"] == 1 and hint["evidence"]["gpus_never_opened"] == 1, seen
     assert hint["savings_gpu_hours"] == pytest.approx(ran.elapsed_h, abs=0.001)
     assert hint["savings"]["kind"] == "measured"
     assert "--gres=gpu:1" in hint["fix"] or "--gpus=1" in hint["fix"]
