@@ -177,7 +177,7 @@ class Publisher:
         # The workload's pid: NVML lists it as the GPU's process, and it is in the job's cgroup.
         pid = os.getpid()
         state = state_record(profile, position, started, ended, prior, pid, self.job_id, process_start(pid))
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{pid}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as handle:
                 json.dump(state, handle)

@@ -282,8 +282,8 @@ Written = tuple[str, str, float, str, tuple[tuple[str, str, float | None], ...]]
 @dataclass(frozen=True)
 class Mirror:
     """The AdminComment mirror: `after_pass` writes what one delivery pass stored and
-    returns the runs it wrote into the database; `recheck` looks at those again once,
-    after the spool's lock is let go (see admin_comments)."""
+    returns the runs it wrote to look at again; `recheck` looks at those, after the
+    spool's lock is let go (see admin_comments)."""
     after_pass: Callable[[Store, Delivery, Spool, HookLog], list[Written]]
     recheck: Callable[[list[Written], HookLog, Callable[[], Store]], None]
 
@@ -387,19 +387,21 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
                              earlier=others, alloc_mem=parse_tres(now.tres).get("mem") if now.tres else None)
         return ours, now
 
+    def put(ours: str, now: Comment, cluster: str, running: bool = False) -> str:
+        """Our part into the field as it stands (`now`), by the id `now` names; where it went."""
+        return write(now.task, cluster, with_site_text(now.text, ours), running=running)
+
     def final(store: Store, cluster: str, job_id: str, run: float, spool: Spool) -> Written | None:
         every = store.node_summaries(job_id, cluster)
         ours, now = line(job_id, run, every)
-        where = write(now.task, cluster, with_site_text(now.text, ours))
+        where = put(ours, now, cluster)
         _forget(spool, cluster, job_id)
         # Looked at again (recheck) where the database took it, and wherever the job's other
         # nodes write too: through slurmctld, the last write is what the job's end record
         # carries, and its node may have read the store before another's final came.
-        several = len({s.node for s in every if run_of(s) == run}) > 1 or (
-            parse_tres(now.tres).get("node", 1) > 1 if now.tres else False)
-        if where == "slurmdbd" or several:
-            return job_id, cluster, run, where, run_state(every, run)
-        return None
+        state = run_state(every, run)
+        several = len(state) > 1 or (parse_tres(now.tres).get("node", 1) > 1 if now.tres else False)
+        return (job_id, cluster, run, where, state) if where == "slurmdbd" or several else None
 
     def recheck(written: list[Written], log: HookLog, open_store: Callable[[], Store]) -> None:
         """A job's end record may still be on its way to slurmdbd, carrying slurmctld's
@@ -438,7 +440,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
             ours, now = line(job_id, run, every)
             if where == "slurmdbd" and (our_part(now.text) or "").lower() == ours.lower():
                 return None
-            where = write(now.task, cluster, with_site_text(now.text, ours))
+            where = put(ours, now, cluster)
         except GpuEffError as exc:
             log.write(f"job {job_id}: its {comment_field} was not written: {exc}")
             return None
@@ -452,7 +454,7 @@ def admin_comments(config: Config, sleep: Callable[[float], None] = time.sleep,
         if not _due(spool, cluster, job_id, config.live_mirror_s, clock()):
             return
         ours, now = line(job_id, run, every)
-        write(now.task, cluster, with_site_text(now.text, ours), running=True)
+        put(ours, now, cluster, running=True)
 
     def after_pass(store: Store, now: Delivery, spool: Spool, log: HookLog) -> list[Written]:
         ended = {(s.cluster, s.job_id, run_of(s)) for s in now.finals}

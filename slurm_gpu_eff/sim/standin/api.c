@@ -606,11 +606,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t
 static unsigned list_processes(struct nvmlDevice_st *d, double t, nvmlProcessInfo_t *out)
 {
     const struct phase *phase = target_phase_at(d, t);
-    const struct workload *running = target_workload(d);
-    if (phase == NULL && running != NULL && running->n_phases > 0)
+    const struct workload *load = target_workload(d);
+    if (phase == NULL && load != NULL && load->n_phases > 0)
         /* past its phases, before the workload has written its end: as its last phase left it
          * (a GPU the job never opened is not opened as the job's work ends) */
-        phase = &running->phases[running->n_phases - 1];
+        phase = &load->phases[load->n_phases - 1];
     int count = 0;
     if (target_running(d, t)) {
         if (phase != NULL && phase->processes >= 0)
@@ -618,7 +618,6 @@ static unsigned list_processes(struct nvmlDevice_st *d, double t, nvmlProcessInf
         else
             count = phase != NULL && phase->lost >= 0 ? 0 : 1;
     }
-    const struct workload *load = target_workload(d);
     long long pid = load != NULL && load->has_pid && load->pid != 0 ? load->pid : DEFAULT_PID;
     double used = target_mean(d, M_MEM_USED_GIB, t, t) * GIB;
     unsigned long long bytes = used > 0 ? (used < 1.8e19 ? (unsigned long long)used : 0) : 0;

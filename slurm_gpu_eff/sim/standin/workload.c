@@ -406,8 +406,8 @@ bool target_running(struct nvmlDevice_st *target, double t)
         return false;
     if (!load->has_pid)
         return true;
-    char path[64];
     if (!load->has_pid_start) {
+        char path[64];
         snprintf(path, sizeof path, "/proc/%lld", load->pid);
         return access(path, F_OK) == 0;
     }
