@@ -7,6 +7,7 @@ file -> store), so the dataclasses here convert to and from dicts and nothing el
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,3 +161,15 @@ class NodeSummary:
         if not summary.job_id or not summary.node:
             raise SpoolError("not a node summary: no job id or node")
         return summary
+
+    @classmethod
+    def from_json(cls, body: str | bytes) -> NodeSummary:
+        """Build from a stored body (a store's row): SpoolError for anything but one of
+        ours, whatever a hand or a newer release left in the row (not JSON, NULL, a list)."""
+        try:
+            data = json.loads(body)
+        except (ValueError, TypeError) as exc:
+            raise SpoolError(f"not a node summary: {exc}") from exc
+        if not isinstance(data, dict):
+            raise SpoolError("not a node summary: not a JSON object")
+        return cls.from_dict(data)

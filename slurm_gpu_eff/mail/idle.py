@@ -35,7 +35,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from ..config import Config
-from ..errors import GpuEffError
+from ..errors import GpuEffError, SpoolError
 from ..hostlist import expand_hostlist
 from ..model import IDLE_UTIL, RUNNING, NodeSummary
 from ..node.verify import GPU_USE_NONE, UNVERIFIED, VERIFIED
@@ -141,8 +141,8 @@ def idle_jobs(store: Store, fresh: float, alert_s: float, cluster: str) -> list[
     by_job: dict[str, list[NodeSummary]] = {}
     for row in store.read(_RUNNING, {"fresh": fresh, "running": RUNNING, "cluster": cluster}):
         try:
-            summary = NodeSummary.from_dict(json.loads(row["body"]))
-        except (ValueError, TypeError) as exc:  # one bad row must not stop the alerts of all
+            summary = NodeSummary.from_json(row["body"])
+        except SpoolError as exc:  # one bad row must not stop the alerts of all
             log.error("idle check: a running summary the store holds cannot be read: %s", exc)
             continue
         by_job.setdefault(summary.job_id, []).append(summary)

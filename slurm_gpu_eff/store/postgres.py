@@ -13,7 +13,6 @@ transactional, so a migration is all or nothing).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from decimal import Decimal
@@ -230,8 +229,8 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreError(f"cannot read store {self.where}: {_first_line(exc)}") from exc
         try:
-            return [NodeSummary.from_dict(json.loads(body)) for (body,) in rows]
-        except (ValueError, SpoolError) as exc:  # a row someone edited or truncated
+            return [NodeSummary.from_json(body) for (body,) in rows]
+        except SpoolError as exc:  # a row someone edited or truncated
             raise StoreError(f"store {self.where} holds a corrupt summary of job {job_id}: {exc}") from exc
 
     def read(self, text: str, args: dict[str, Any]) -> list[dict[str, Any]]:

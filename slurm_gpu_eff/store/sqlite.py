@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import grp
-import json
 import os
 import sqlite3
 import threading
@@ -137,8 +136,8 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read store {self.path}: {exc}") from exc
         try:
-            return [NodeSummary.from_dict(json.loads(body)) for (body,) in rows]
-        except (ValueError, TypeError, SpoolError) as exc:  # a row someone edited or truncated
+            return [NodeSummary.from_json(body) for (body,) in rows]
+        except SpoolError as exc:  # a row someone edited or truncated
             raise StoreError(f"store {self.path} holds a corrupt summary of job {job_id}: {exc}") from exc
 
     def read(self, text: str, args: dict[str, Any]) -> list[dict[str, Any]]:

@@ -337,6 +337,24 @@ def test_a_malformed_copy_is_its_own_job_s_trouble_alone(
     assert any("job 501's running summary cannot be read" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("body", [
+    '{"status": "hibernating", "job_id": "501", "node": "gpu1"}',  # a newer release's status
+    "{not json", "[1, 2]", "null",
+])
+def test_a_stored_body_not_ours_is_logged_and_skipped_not_the_end_of_every_alert(
+    store: Store, make_summary: Factory, caplog: pytest.LogCaptureFixture, body: str,
+) -> None:
+    """One row a hand or a newer release left (NodeSummary.from_json: SpoolError) stops
+    the alerts of no other job: before, a status unknown here raised out of idle_jobs."""
+    store.put(running(make_summary, (700.0,), job_id="501"))
+    store.put(running(make_summary, (700.0,), job_id="502"))
+    store.db.execute("update node_summaries set body = ? where job_id = '501'", [body])  # type: ignore[attr-defined]
+    store.db.conn.commit()  # type: ignore[attr-defined]
+    assert [j.job_id for j in idle.idle_jobs(store, NOW - 600, 600, "gpueffdev")] == ["502"]
+    assert any("running summary the store holds cannot be read" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_a_watcher_that_was_away_alerts_first_and_cancels_only_minutes_later(
     store: Store, make_summary: Factory, policy_config: Config,
 ) -> None:

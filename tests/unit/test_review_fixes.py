@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -177,6 +178,18 @@ def test_a_corrupt_stored_summary_is_a_store_error_not_a_crash(tmp_path: Path) -
     store.db.conn.commit()
     with pytest.raises(StoreError, match="corrupt summary of job 7"):
         store.node_summaries("7")
+
+
+@pytest.mark.parametrize("body", ["{not json", "[1, 2]", "5", None, '{"status": "x"}'])
+def test_a_stored_body_of_any_shape_reads_as_not_a_node_summary(body: str | None) -> None:
+    """NodeSummary.from_json, which both stores and the idle check read rows with: one
+    error (SpoolError) whatever the row holds, never a TypeError (a NULL, a list)."""
+    from slurm_gpu_eff.errors import SpoolError
+    from slurm_gpu_eff.model import NodeSummary
+
+    with pytest.raises(SpoolError, match="not a node summary"):
+        NodeSummary.from_json(body)  # type: ignore[arg-type]
+    assert NodeSummary.from_json(json.dumps(summary(COMPLETE, 1.0).to_dict())).job_id == "7"
 
 
 def test_the_utilisation_line_counts_only_gpus_whose_utilisation_was_measured() -> None:

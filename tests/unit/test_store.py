@@ -363,3 +363,18 @@ def test_reading_the_sqlite_store_loads_no_sqlite_utils(tmp_path: Path, make_sum
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("body", ["{not json", "[1, 2]", None])
+def test_a_stored_body_not_a_summary_is_a_store_error_on_either_engine(
+    store: Store, store_url: str, make_summary: Factory, body: str | None,
+) -> None:
+    """A row edited by hand, truncated or NULLed: `gpueff JOBID` says the store holds a
+    corrupt summary (StoreError, exit status 7), never a TypeError's traceback (PostgreSQL's
+    store let a NULL's through before)."""
+    from tests import pg
+
+    store.put(make_summary(utils=(90.0,)))
+    pg.execute(store_url, "update node_summaries set body = ?", [body])
+    with pytest.raises(StoreError, match="corrupt summary of job 4242: not a node summary"):
+        store.node_summaries("4242")
