@@ -160,6 +160,9 @@ class NodeSummary:
             raise SpoolError(f"not a node summary: unknown status {summary.status!r}")
         if not summary.job_id or not summary.node:
             raise SpoolError("not a node summary: no job id or node")
+        # Keys the store and the idle check group and sort by: text, as every sampler writes
+        if not all(isinstance(key, str) for key in (summary.job_id, summary.node, summary.cluster)):
+            raise SpoolError("not a node summary: its job id, node or cluster is not text")
         return summary
 
     @classmethod
@@ -168,7 +171,7 @@ class NodeSummary:
         ours, whatever a hand or a newer release left in the row (not JSON, NULL, a list)."""
         try:
             data = json.loads(body)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested deep
             raise SpoolError(f"not a node summary: {exc}") from exc
         if not isinstance(data, dict):
             raise SpoolError("not a node summary: not a JSON object")

@@ -150,8 +150,9 @@ def idle_jobs(store: Store, fresh: float, alert_s: float, cluster: str) -> list[
     for job_id, copies in sorted(by_job.items()):
         try:  # a copy malformed past from_dict's checks is this job's trouble alone
             job = _job_of_copies(cluster, job_id, copies, alert_s)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            log.error("idle check: job %s's running summary cannot be read: %s", job_id, exc)
+        except Exception as exc:  # whatever its figures hold (10**400 s idle: OverflowError)
+            log.error("idle check: job %s's running summary cannot be read: %s: %s",
+                      job_id, type(exc).__name__, exc)
             continue
         if job is not None:
             found.append(job)

@@ -339,7 +339,8 @@ def test_a_malformed_copy_is_its_own_job_s_trouble_alone(
 
 @pytest.mark.parametrize("body", [
     '{"status": "hibernating", "job_id": "501", "node": "gpu1"}',  # a newer release's status
-    "{not json", "[1, 2]", "null",
+    "{not json", "[1, 2]", "null", "[" * 100_000 + "]" * 100_000,  # nested past the decoder
+    '{"status": "running", "job_id": 501, "node": "gpu1", "cluster": "gpueffdev"}',  # a number
 ])
 def test_a_stored_body_not_ours_is_logged_and_skipped_not_the_end_of_every_alert(
     store: Store, make_summary: Factory, caplog: pytest.LogCaptureFixture, body: str,
@@ -352,6 +353,18 @@ def test_a_stored_body_not_ours_is_logged_and_skipped_not_the_end_of_every_alert
     store.db.conn.commit()  # type: ignore[attr-defined]
     assert [j.job_id for j in idle.idle_jobs(store, NOW - 600, 600, "gpueffdev")] == ["502"]
     assert any("running summary the store holds cannot be read" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_figures_past_a_float_are_their_own_job_s_trouble_alone(
+    store: Store, make_summary: Factory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = running(make_summary, (700.0,), job_id="501")
+    bad.gpus[0].idle_now = {"since": 1, "seconds": 10**400}  # float() of it: OverflowError
+    store.put(bad)
+    store.put(running(make_summary, (700.0,), job_id="502"))
+    assert [j.job_id for j in idle.idle_jobs(store, NOW - 600, 600, "gpueffdev")] == ["502"]
+    assert any("job 501's running summary cannot be read: OverflowError" in r.getMessage()
                for r in caplog.records)
 
 

@@ -180,7 +180,14 @@ def test_a_corrupt_stored_summary_is_a_store_error_not_a_crash(tmp_path: Path) -
         store.node_summaries("7")
 
 
-@pytest.mark.parametrize("body", ["{not json", "[1, 2]", "5", None, '{"status": "x"}'])
+NESTED = "[" * 100_000 + "]" * 100_000  # past the decoder's recursion limit
+
+
+@pytest.mark.parametrize("body", [
+    "{not json", "[1, 2]", "5", None, '{"status": "x"}', NESTED,
+    '{"cluster": "c", "job_id": 7, "node": "gpu1", "status": "complete"}',  # not text: sorted
+    '{"cluster": "c", "job_id": "7", "node": ["gpu1"], "status": "complete"}',  # with text ids
+])
 def test_a_stored_body_of_any_shape_reads_as_not_a_node_summary(body: str | None) -> None:
     """NodeSummary.from_json, which both stores and the idle check read rows with: one
     error (SpoolError) whatever the row holds, never a TypeError (a NULL, a list)."""
