@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from .errors import (  # noqa: F401  re-exported: the package's vocabulary in one place
@@ -37,6 +38,72 @@ COMPLETE = "complete"  # the sampler flushed at the job's end
 PARTIAL = "partial"  # the sampler died: figures up to its last checkpoint
 MISSING = "missing"  # nothing was measured on this node; `reason` says why
 STATUSES = (RUNNING, COMPLETE, PARTIAL, MISSING)
+
+
+# A field's annotation (text: `from __future__ import annotations`) -> the exact types of
+# the JSON values it takes; a name not here (GpuSummary, Any) takes any. A float takes an
+# int (JSON writes 0), nothing takes a bool but a bool (True is an int to isinstance).
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,),
+    "list": (list,), "None": (type(None),),
+}
+_FIGURES = frozenset((int, float, type(None)))  # a metric's mean, min, max, ...
+_FIELD_KINDS: dict[type, dict[str, frozenset[type] | None]] = {}
+_SHAPES_SEEN: set[tuple[Any, ...]] = set()  # (class, field names, their types) checked
+
+
+def _kinds(annotation: str) -> frozenset[type] | None:
+    """The types a field annotated `annotation` holds, None for any: `dict[str, int | None]
+    | None` -> {dict, NoneType}, its alternatives split outside the brackets."""
+    parts, depth, start = [], 0, 0
+    for at, char in enumerate(annotation):
+        depth += (char == "[") - (char == "]")
+        if char == "|" and depth == 0:
+            parts.append(annotation[start:at])
+            start = at + 1
+    parts.append(annotation[start:])
+    kinds: list[type] = []
+    for part in parts:
+        base = part.split("[", 1)[0].strip()
+        if base not in _JSON_KINDS:
+            return None
+        kinds += _JSON_KINDS[base]
+    return frozenset(kinds)
+
+
+def _check_types(cls: type, known: dict[str, Any]) -> None:
+    """SpoolError for a field whose JSON value is not of its annotation's kind (a hand's
+    edit, a release that changed a field): the readers' code assumes the kinds, and a
+    wrong one would come out of the report as an internal error instead of this. Exact
+    types, in one pass: `gpueff report`'s sync reads thousands of summaries."""
+    shape = (cls, tuple(known), tuple(map(type, known.values())))
+    if shape in _SHAPES_SEEN:  # every summary of a release has one of a few: seen, checked
+        return
+    table = _FIELD_KINDS.get(cls)
+    if table is None:
+        table = _FIELD_KINDS[cls] = {name: _kinds(str(f.type))
+                                     for name, f in cls.__dataclass_fields__.items()}  # type: ignore[attr-defined]
+    for name, value in known.items():
+        kinds = table[name]
+        if kinds is not None and type(value) not in kinds:
+            raise SpoolError(f"not a node summary: {name} is {type(value).__name__} "
+                             f"({value!r:.40}), not {cls.__dataclass_fields__[name].type}")  # type: ignore[attr-defined]
+    if len(_SHAPES_SEEN) < 1000:  # bounded, whatever a long-lived reader meets
+        _SHAPES_SEEN.add(shape)
+
+
+def _check_figures(metrics: dict[str, Any]) -> None:
+    """SpoolError unless each metric is a dict of numbers (or None): the kinds of all
+    at once, then which one is wrong only where one is."""
+    try:
+        kinds = set(map(type, chain.from_iterable(map(dict.values, metrics.values()))))
+    except TypeError:  # a metric that is not a dict
+        kinds = {list}
+    if _FIGURES.issuperset(kinds):
+        return
+    for name, stats in metrics.items():
+        if type(stats) is not dict or not _FIGURES.issuperset(map(type, stats.values())):
+            raise SpoolError(f"not a node summary: metric {name!r} is not figures: {stats!r:.80}")
 
 
 @dataclass
@@ -92,6 +159,9 @@ class GpuSummary:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GpuSummary:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        _check_types(cls, known)
+        if known.get("metrics"):
+            _check_figures(known["metrics"])
         return cls(**known)
 
 
@@ -152,6 +222,11 @@ class NodeSummary:
         """Build from a decoded JSON document; raises SpoolError when it is not one of ours."""
         try:
             known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            version = known.get("version", SUMMARY_VERSION)
+            if isinstance(version, int) and version > SUMMARY_VERSION:
+                raise SpoolError(f"written by a newer slurm-gpu-eff (summary version {version}; "
+                                 f"this one reads up to {SUMMARY_VERSION}): upgrade it to read this job")
+            _check_types(cls, {k: v for k, v in known.items() if k != "gpus"})
             known["gpus"] = [GpuSummary.from_dict(g) for g in data.get("gpus", [])]
             summary = cls(**known)
         except (TypeError, KeyError, AttributeError) as exc:
@@ -160,9 +235,6 @@ class NodeSummary:
             raise SpoolError(f"not a node summary: unknown status {summary.status!r}")
         if not summary.job_id or not summary.node:
             raise SpoolError("not a node summary: no job id or node")
-        # Keys the store and the idle check group and sort by: text, as every sampler writes
-        if not all(isinstance(key, str) for key in (summary.job_id, summary.node, summary.cluster)):
-            raise SpoolError("not a node summary: its job id, node or cluster is not text")
         return summary
 
     @classmethod

@@ -199,6 +199,47 @@ def test_a_stored_body_of_any_shape_reads_as_not_a_node_summary(body: str | None
     assert NodeSummary.from_json(json.dumps(summary(COMPLETE, 1.0).to_dict())).job_id == "7"
 
 
+def gpu_row(**changes: object) -> dict[str, object]:
+    return {"node": "n1", "index": 0, "minor": 0, "uuid": "GPU-1", "name": "sim",
+            "memory_total_bytes": 80 * 2**30, "power_limit_w": 700, "samples": 3, "sampled_s": 3,
+            "metrics": {"util": {"mean": 50.0, "min": 0, "max": 100, "last": 50.0, "samples": 3,
+                                 "seconds": 3.0}}, **changes}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"processes_max": "2"}, "processes_max is str"),
+    ({"index": True}, "index is bool"),
+    ({"gpm": 1}, "gpm is int"),
+    ({"idle_now": [1, 2]}, "idle_now is list"),
+    ({"metrics": {"util": {"mean": "50"}}}, "metric 'util' is not figures"),
+    ({"metrics": {"util": [50.0]}}, "metric 'util' is not figures"),
+    ({"metrics": {"util": {"mean": True}}}, "metric 'util' is not figures"),
+])
+def test_a_field_of_another_kind_is_not_a_node_summary(change: dict[str, object], message: str) -> None:
+    """Past the ids: each field's JSON kind is its annotation's (a float takes an int), so a
+    hand's edit or a release that changed a field reads as "corrupt summary", not as an
+    internal error of the report that formats it."""
+    from slurm_gpu_eff.errors import SpoolError
+    from slurm_gpu_eff.model import NodeSummary
+
+    body = {**summary(COMPLETE, 1.0).to_dict(), "gpus": [gpu_row()]}
+    assert NodeSummary.from_dict(body).gpus[0].metric("util") == 50.0  # ints for floats: taken
+    with pytest.raises(SpoolError, match=message):
+        NodeSummary.from_dict({**body, "gpus": [gpu_row(**change)]})
+    with pytest.raises(SpoolError, match="interval_s is str"):
+        NodeSummary.from_dict({**body, "interval_s": "1"})
+
+
+def test_a_summary_of_a_newer_version_is_refused_by_name() -> None:
+    from slurm_gpu_eff.errors import SpoolError
+    from slurm_gpu_eff.model import SUMMARY_VERSION, NodeSummary
+
+    body = summary(COMPLETE, 1.0).to_dict()
+    assert NodeSummary.from_dict({**body, "version": SUMMARY_VERSION}).version == SUMMARY_VERSION
+    with pytest.raises(SpoolError, match=f"newer slurm-gpu-eff .summary version {SUMMARY_VERSION + 1}"):
+        NodeSummary.from_dict({**body, "version": SUMMARY_VERSION + 1})
+
+
 def test_the_utilisation_line_counts_only_gpus_whose_utilisation_was_measured() -> None:
     from slurm_gpu_eff.model import GpuSummary
     from slurm_gpu_eff.report.job import build_report

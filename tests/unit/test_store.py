@@ -365,16 +365,24 @@ def test_reading_the_sqlite_store_loads_no_sqlite_utils(tmp_path: Path, make_sum
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("body", ["{not json", "[1, 2]", None])
+@pytest.mark.parametrize("body", ["{not json", "[1, 2]", None, "a metric as text"])
 def test_a_stored_body_not_a_summary_is_a_store_error_on_either_engine(
     store: Store, store_url: str, make_summary: Factory, body: str | None,
 ) -> None:
     """A row edited by hand, truncated or NULLed: `gpueff JOBID` says the store holds a
     corrupt summary (StoreError, exit status 7), never a TypeError's traceback (PostgreSQL's
-    store let a NULL's through before)."""
+    store let a NULL's through before), nor the report's internal error on a figure it
+    cannot format."""
+    import json
+
     from tests import pg
 
-    store.put(make_summary(utils=(90.0,)))
+    summary = make_summary(utils=(90.0,))
+    store.put(summary)
+    if body == "a metric as text":
+        edited = summary.to_dict()
+        edited["gpus"][0]["metrics"]["util"]["mean"] = "90"
+        body = json.dumps(edited)
     pg.execute(store_url, "update node_summaries set body = ?", [body])
     with pytest.raises(StoreError, match="corrupt summary of job 4242: not a node summary"):
         store.node_summaries("4242")
