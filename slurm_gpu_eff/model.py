@@ -226,7 +226,7 @@ class NodeSummary:
             if isinstance(version, int) and version > SUMMARY_VERSION:
                 raise SpoolError(f"written by a newer slurm-gpu-eff (summary version {version}; "
                                  f"this one reads up to {SUMMARY_VERSION}): upgrade it to read this job")
-            _check_types(cls, {k: v for k, v in known.items() if k != "gpus"})
+            _check_types(cls, known)  # gpus too: a list (each GPU is checked by its own class)
             known["gpus"] = [GpuSummary.from_dict(g) for g in data.get("gpus", [])]
             summary = cls(**known)
         except (TypeError, KeyError, AttributeError) as exc:

@@ -369,10 +369,10 @@ def test_reading_the_sqlite_store_loads_no_sqlite_utils(tmp_path: Path, make_sum
 def test_a_stored_body_not_a_summary_is_a_store_error_on_either_engine(
     store: Store, store_url: str, make_summary: Factory, body: str | None,
 ) -> None:
-    """A row edited by hand, truncated or NULLed: `gpueff JOBID` says the store holds a
-    corrupt summary (StoreError, exit status 7), never a TypeError's traceback (PostgreSQL's
-    store let a NULL's through before), nor the report's internal error on a figure it
-    cannot format."""
+    """A row edited by hand, truncated or NULLed: the store says it holds a corrupt summary
+    (StoreError, which `gpueff JOBID` names as why the job's GPU figures are missing), never
+    a TypeError (PostgreSQL's store let a NULL's through before), nor the report's internal
+    error on a figure it cannot format."""
     import json
 
     from tests import pg
