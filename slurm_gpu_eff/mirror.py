@@ -107,7 +107,8 @@ def figures(text: str) -> list[NodeSummary] | None:
     try:
         raw = zlib.decompress(b32decode(encoded))
         return [NodeSummary.from_dict(d) for d in json.loads(raw)]
-    except (binascii.Error, zlib.error, ValueError, TypeError, AttributeError, GpuEffError) as exc:
+    except (binascii.Error, zlib.error, ValueError, TypeError, AttributeError, RecursionError,
+            GpuEffError) as exc:  # RecursionError: JSON nested past the decoder
         raise MirrorError(f"the GPU figures in the job's AdminComment are unreadable ({exc})") from exc
 
 

@@ -280,7 +280,7 @@ def read_json(path: str) -> object:
         raise SpoolError(f"{path} does not exist") from exc
     except OSError as exc:
         raise SpoolError(f"cannot read {path}: {exc.strerror}") from exc
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the decoder
         raise SpoolError(f"{path} is corrupt: {exc}") from exc
 
 

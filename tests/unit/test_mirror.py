@@ -132,6 +132,7 @@ def test_a_figures_word_not_in_base32_is_not_ours() -> None:
     encoded(zlib.compress(b"{not json")),
     encoded(zlib.compress(b'[{"node": "gpu1"}]')),  # JSON, not node summaries
     encoded(zlib.compress(b'[{"cluster": "c", "job_id": "1", "node": "gpu1"}]' * 9))[:40],  # cut short
+    encoded(zlib.compress(b"[" * 100_000 + b"]" * 100_000)),  # nested past the decoder: small
 ])
 def test_figures_of_a_corrupt_blob_is_a_mirror_error(blob: str) -> None:
     with pytest.raises(MirrorError, match="AdminComment are unreadable"):

@@ -83,6 +83,7 @@ def test_read_json_of_a_missing_file(tmp_path: Path) -> None:
     ("content", "message"),
     [
         ("[1, 2]", "is corrupt: not a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "is corrupt: maximum recursion depth"),  # nested deep
         ('{"job_id": "1", "node": "n"}', "not a node summary"),
         ('{"cluster": "c", "job_id": "1", "node": "n", "status": "done"}',
          "not a node summary: unknown status 'done'"),
